@@ -1,0 +1,173 @@
+"""Run configuration: one flat dataclass, loaded from TOML and/or CLI flags, validated before any work.
+
+A run is reproducible from its resolved config (written to <out>/config.json) and its seed.
+Method and task options live in two free-form tables that the method / task validate
+against their own option dataclasses (see methods/base.py and tasks.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message says what to change."""
+
+
+@dataclass
+class RunConfig:
+    task: str = "sentiment"
+    method: str = "fedavg"
+    clients: int = 10
+    rounds: int = 5
+    fraction: float = 1.0           # share of clients sampled each round
+    min_clients: int = 1            # a round fails if fewer client replies are valid
+    partition: str = "iid"          # iid | dirichlet:ALPHA | domain
+    seed: int = 0
+    local_epochs: float = 1.0       # epochs over the client's shard (fractions allowed)
+    local_steps: int = 0            # if > 0, overrides local_epochs: this many batches
+    batch_size: int = 16
+    lr: float = 5e-5
+    optimizer: str = "adamw"        # adamw | sgd
+    weight_decay: float = 0.0
+    eval_every: int = 1
+    max_message_bytes: int = 512 * 2**20   # decode refuses anything larger
+    out: str = ""                   # results folder; default runs/<task>-<method>-<time>
+    progress: bool = True
+    method_options: dict[str, Any] = field(default_factory=dict)
+    task_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def parse_partition(spec: str) -> tuple[str, float | None]:
+    """'iid' | 'domain' | 'dirichlet:0.1' -> (kind, alpha)."""
+    m = re.fullmatch(r"dirichlet:([0-9.eE+-]+)", spec)
+    if m:
+        try:
+            alpha = float(m.group(1))
+        except ValueError:
+            alpha = -1.0
+        if not alpha > 0:
+            raise ConfigError(f"partition {spec!r}: the Dirichlet alpha must be a number > 0, e.g. dirichlet:0.1")
+        return "dirichlet", alpha
+    if spec in ("iid", "domain"):
+        return spec, None
+    raise ConfigError(f"partition {spec!r}: use one of iid, domain, dirichlet:ALPHA (e.g. dirichlet:0.1)")
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Type-check one top-level value against RunConfig's annotation."""
+    typ = FIELDS[name].type
+    if typ == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name} = {value!r}: expected an integer")
+    if typ == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} = {value!r}: expected a number")
+        return float(value)
+    if typ == "str" and not isinstance(value, str):
+        raise ConfigError(f"{name} = {value!r}: expected a string")
+    if typ == "bool" and not isinstance(value, bool):
+        raise ConfigError(f"{name} = {value!r}: expected true or false")
+    if typ.startswith("dict") and not isinstance(value, dict):
+        raise ConfigError(f"{name}: expected a table of options")
+    return value
+
+
+def from_dict(d: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
+    cfg = dataclasses.replace(base) if base else RunConfig()
+    for k, v in d.items():
+        if k not in FIELDS:
+            raise ConfigError(f"unknown config key {k!r}; valid keys: {', '.join(FIELDS)}")
+        v = _coerce(k, v)
+        if k in ("method_options", "task_options"):
+            v = {**getattr(cfg, k), **v}
+        setattr(cfg, k, v)
+    return cfg
+
+
+def load_toml(path: str | Path, base: RunConfig | None = None) -> RunConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    try:
+        d = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    return from_dict(d, base)
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """'mu=0.01' -> ('mu', 0.01); values are parsed as TOML scalars, else kept as strings."""
+    if "=" not in text:
+        raise ConfigError(f"option {text!r}: write it as KEY=VALUE, e.g. mu=0.01")
+    k, v = text.split("=", 1)
+    try:
+        val = tomllib.loads(f"x = {v}")["x"]
+    except tomllib.TOMLDecodeError:
+        val = v
+    return k.strip(), val
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need no task or method knowledge. Task/method options are checked by them."""
+    def need(ok: bool, msg: str):
+        if not ok:
+            raise ConfigError(msg)
+
+    need(cfg.clients >= 1, f"clients = {cfg.clients}: need at least 1 client")
+    need(cfg.rounds >= 1, f"rounds = {cfg.rounds}: need at least 1 round")
+    need(0 < cfg.fraction <= 1, f"fraction = {cfg.fraction}: must be in (0, 1]")
+    need(1 <= cfg.min_clients <= cfg.clients, f"min_clients = {cfg.min_clients}: must be in [1, clients={cfg.clients}]")
+    need(max(1, round(cfg.fraction * cfg.clients)) >= cfg.min_clients,
+         f"fraction * clients = {cfg.fraction * cfg.clients:g} samples fewer clients than min_clients = {cfg.min_clients}")
+    parse_partition(cfg.partition)
+    need(cfg.local_epochs > 0 or cfg.local_steps > 0, "set local_epochs > 0 or local_steps > 0")
+    need(cfg.local_steps >= 0, f"local_steps = {cfg.local_steps}: must be >= 0")
+    need(cfg.batch_size >= 1, f"batch_size = {cfg.batch_size}: must be >= 1")
+    need(cfg.lr > 0, f"lr = {cfg.lr}: must be > 0")
+    need(cfg.optimizer in ("adamw", "sgd"), f"optimizer = {cfg.optimizer!r}: use adamw or sgd")
+    need(cfg.eval_every >= 1, f"eval_every = {cfg.eval_every}: must be >= 1")
+    need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")
+    need(0 <= cfg.seed < 2**63, f"seed = {cfg.seed}: must be in [0, 2**63)")
+
+
+def save(cfg: RunConfig, path: Path) -> None:
+    path.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+
+
+def load_json(path: Path) -> RunConfig:
+    return from_dict(json.loads(path.read_text()))
+
+
+def check_options(kind: str, name: str, options_cls: type, given: dict[str, Any]):
+    """Build an options dataclass from a dict, refusing unknown keys and wrong types."""
+    fields = {f.name: f for f in dataclasses.fields(options_cls)}
+    for k, v in given.items():
+        if k not in fields:
+            valid = ", ".join(f"{f}={getattr(options_cls(), f)!r}" for f in fields) or "(none)"
+            raise ConfigError(f"{kind} {name!r} has no option {k!r}; its options: {valid}")
+        default = getattr(options_cls(), k)
+        if isinstance(default, bool) != isinstance(v, bool) or (
+            isinstance(default, (int, float)) and not isinstance(v, (int, float))
+        ) or (isinstance(default, str) and not isinstance(v, str)):
+            raise ConfigError(f"{kind} {name!r} option {k} = {v!r}: expected {type(default).__name__}")
+        if isinstance(default, int) and not isinstance(default, bool) and isinstance(v, float):
+            if not v.is_integer():
+                raise ConfigError(f"{kind} {name!r} option {k} = {v!r}: expected an integer")
+            given = {**given, k: int(v)}
+        if isinstance(default, float) and isinstance(v, int):
+            given = {**given, k: float(v)}
+    opts = options_cls(**given)
+    if hasattr(opts, "check"):
+        opts.check()
+    return opts

@@ -1,0 +1,225 @@
+"""The in-process engine: every client of a federation simulated one after another in this process.
+
+It knows nothing about any method: it encodes what a method broadcasts, hands each sampled
+client the decoded fields and its shard, encodes the client's reply, decodes + validates it on
+the server side, and hands the valid replies to the method's aggregator. Bytes are len() of
+the encoded messages. Every random choice derives from (seed, round, client), so a run is
+reproducible from its config, and a resumed run reaches the same result as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from lightfed import config as C
+from lightfed import methods, tasks
+from lightfed.data import partition
+from lightfed.data.tensors import subset
+from lightfed.measure import Clock, PeakRSS
+from lightfed.engine import protocol as P
+from lightfed.methods.base import ClientContext
+
+
+def derive_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for one (round, client, ...) from the run seed (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def sample_clients(cfg: C.RunConfig, rnd: int) -> list[int]:
+    m = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
+    rng = np.random.default_rng([cfg.seed, rnd, 7])
+    return sorted(rng.choice(cfg.clients, m, replace=False).tolist())
+
+
+@dataclass
+class Setup:
+    """Everything a run needs, built (and so validated) before the first round."""
+    cfg: C.RunConfig
+    task: tasks.Task
+    method: methods.Method
+    model: torch.nn.Module
+    shards: list[np.ndarray]
+    info: dict = field(default_factory=dict)
+
+
+def check(cfg: C.RunConfig) -> None:
+    """Every check that needs no data or model: a bad config fails here, before any work."""
+    C.validate(cfg)
+    methods.options(cfg.method, cfg.method_options)
+    tasks.options(cfg.task, cfg.task_options)
+
+
+def build(cfg: C.RunConfig) -> Setup:
+    check(cfg)
+    task = tasks.build(cfg.task, cfg.task_options, cfg.seed)
+    kind, alpha = C.parse_partition(cfg.partition)
+    try:
+        shards = partition.split(kind, alpha, task.labels, task.domains, cfg.clients, cfg.seed)
+    except ValueError as e:
+        raise C.ConfigError(f"partition {cfg.partition!r} on task {cfg.task!r}: {e}") from None
+    method = methods.build(cfg)
+    model = method.prepare(task.model)
+    n_train = sum(p.numel() for p in method.trainable(model).values())
+    info = {"task": task.info, "trainable_params": n_train, "model_params": sum(p.numel() for p in model.parameters()),
+            "clients": [{"id": k, "examples": len(s)} for k, s in enumerate(shards)],
+            "label_histograms": partition.histograms(shards, task.labels)}
+    return Setup(cfg, task, method, model, shards, info)
+
+
+# --- checkpoints: <out>/ckpt/round-NNNN/{state,clients}.safetensors, then latest.json (atomic) ---
+def save_checkpoint(out: Path, rnd: int, state: dict, client_states: dict, history: list) -> None:
+    ck = out / "ckpt"
+    d = ck / f"round-{rnd:04d}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, d / "state.safetensors")
+    flat = {f"{cid}/{k}": v.contiguous() for cid, s in client_states.items() for k, v in s.items()}
+    save_file(flat, d / "clients.safetensors")
+    tmp = ck / "latest.json.tmp"
+    tmp.write_text(json.dumps({"round": rnd, "dir": d.name, "history": history}))
+    tmp.replace(ck / "latest.json")                  # the commit point
+    for old in ck.glob("round-*"):
+        if old != d:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(out: Path):
+    ck = out / "ckpt"
+    meta = json.loads((ck / "latest.json").read_text())
+    state = load_file(ck / meta["dir"] / "state.safetensors")
+    client_states: dict[int, dict] = {}
+    for k, v in load_file(ck / meta["dir"] / "clients.safetensors").items():
+        cid, name = k.split("/", 1)
+        client_states.setdefault(int(cid), {})[name] = v
+    return meta["round"], state, client_states, meta["history"]
+
+
+def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, stop_after: int | None = None,
+        tamper: Callable[[int, int, bytes], bytes] | None = None, log=print) -> dict:
+    """Run (or resume) a federation; returns the summary (also written to <out>/summary.json).
+
+    stop_after: stop after that round, as an interruption would (tests use it).
+    tamper(round, client, bytes) -> bytes: alters a client's upload on the wire (tests use it).
+    """
+    if resume is not None:
+        out = Path(resume)
+        if not (out / "config.json").is_file() or not (out / "ckpt" / "latest.json").is_file():
+            raise C.ConfigError(f"--resume {str(out)!r}: no config.json + ckpt/latest.json there")
+        cfg = C.load_json(out / "config.json")
+    check(cfg)
+    out = Path(cfg.out or f"runs/{cfg.task}-{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg.out = str(out)
+    t_start = time.perf_counter()
+    S = build(cfg)
+    task, method, model = S.task, S.method, S.model
+    out.mkdir(parents=True, exist_ok=True)
+    C.save(cfg, out / "config.json")
+    (out / "setup.json").write_text(json.dumps(S.info, indent=1))
+
+    if resume is not None:
+        start, state, client_states, history = load_checkpoint(out)
+        log(f"lightfed: resuming {out} after round {start}")
+    else:
+        start, state, client_states = 0, method.init_state(model), {}
+        method.load(model, state)
+        history = [{"round": 0, task.metric: task.evaluate(model, task.test)}]
+    lines = (out / "metrics.jsonl").read_text().splitlines() if resume is not None else []
+    with open(out / "metrics.jsonl", "w") as f:      # keep what the checkpoint covers, drop the rest
+        kept = [l for l in lines if json.loads(l)["round"] <= start] or [json.dumps(h) for h in history]
+        f.writelines(l + "\n" for l in kept)
+
+    per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
+    bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
+    for rnd in range(start + 1, cfg.rounds + 1):
+        clock, rec = Clock(), {"round": rnd, "clients": []}
+        t_round = time.perf_counter()
+        bar.set_description(f"round {rnd}/{cfg.rounds}")
+        down = P.broadcast(method, state, rnd)
+        uploads = []
+        for cid in sample_clients(cfg, rnd):
+            ctx = ClientContext(cid, rnd, derive_seed(cfg.seed, rnd, cid), cfg, task.loss, client_states.setdefault(cid, {}))
+            data = subset(task.train, S.shards[cid])
+            with clock("client"), PeakRSS() as mem:
+                up, stats = P.client_round(method, model, down, data, ctx, cfg.max_message_bytes)
+            if tamper is not None:
+                up = tamper(rnd, cid, up)
+            uploads.append((cid, up))
+            rec["clients"].append({"id": cid, "up": len(up), "down": len(down), "rss_peak": mem.peak,
+                                   "rss_rise": mem.rise, **stats})
+            bar.update(1)
+        state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
+                                    min_clients=cfg.min_clients)
+        rec.update(report)
+        for r in report["rejected"]:
+            log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")
+        if "failed" in report:
+            log(f"lightfed: round {rnd} failed: {report['failed']}")
+        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+            with clock("eval"):
+                method.load(model, state)
+                rec[task.metric] = task.evaluate(model, task.test)
+            bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
+        rec["time"] = {"round": 0.0, **clock.total}
+        history.append(rec)
+        with clock("checkpoint"):
+            save_checkpoint(out, rnd, state, client_states, history)
+        rec["time"] = {**clock.total, "round": time.perf_counter() - t_round}
+        rec["time"]["engine"] = rec["time"]["round"] - clock.total.get("client", 0) - clock.total.get("eval", 0)
+        with open(out / "metrics.jsonl", "a") as f:     # the complete record, checkpoint time included
+            f.write(json.dumps(rec) + "\n")
+        if stop_after is not None and rnd >= stop_after and rnd < cfg.rounds:
+            bar.close()
+            return {"interrupted_after": rnd, "out": str(out)}
+    bar.close()
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = summarize(cfg, S, records, time.perf_counter() - t_start)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
+
+
+def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
+    rounds = [h for h in history if h["round"] > 0]
+    clients = [c for h in rounds for c in h["clients"]]
+    metric = S.task.metric
+    evals = [h for h in history if metric in h]
+    client_s = sum(h["time"].get("client", 0) for h in rounds)
+    engine_s = sum(h["time"]["engine"] for h in rounds)
+    return {
+        "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(),
+        "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
+        "history": [{"round": h["round"], metric: h[metric]} for h in evals],
+        "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
+        "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
+                  "down_per_client_round": _mean([c["down"] for c in clients]),
+                  "up_total": sum(c["up"] for c in clients), "down_total": sum(c["down"] for c in clients),
+                  "rejected_messages": sum(len(h["rejected"]) for h in rounds)},
+        "clients_per_round": _mean([h["accepted"] for h in rounds]),
+        "memory": {"client_rss_peak_bytes": max((c["rss_peak"] or 0) for c in clients) if clients else None,
+                   "client_rss_rise_bytes": max((c["rss_rise"] or 0) for c in clients) if clients else None,
+                   "client_accounted_bytes": max((sum(c["memory_accounted"].values()) for c in clients
+                                                  if "memory_accounted" in c), default=None),
+                   "client_accounted_parts": clients[0].get("memory_accounted") if clients else None},
+        "flops": {"client_total": sum(c.get("flops", 0) for c in clients),
+                  "per_client_round": _mean([c.get("flops") for c in clients]),
+                  "counter": "torch FlopCounterMode (matmul/conv/attention, fwd+bwd) per sample x samples"},
+        "time": {"wall": wall, "client_compute": client_s, "engine_overhead": engine_s,
+                 "eval": sum(h["time"].get("eval", 0) for h in rounds),
+                 "engine_overhead_share": engine_s / client_s if client_s else None},
+        "out": cfg.out,
+    }

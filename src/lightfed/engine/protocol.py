@@ -1,0 +1,54 @@
+"""One round of any method, as bytes. Every engine (in-process, Flower) calls exactly these three.
+
+    server:  down = broadcast(method, state, rnd)                  -> bytes, the same for every client
+    client:  up, stats = client_round(method, model, down, data, ctx) -> bytes (+ local measurements)
+    server:  state, report = aggregate(method, state, [(cid, up), ...], rnd)
+
+Every upload carries the method's fields plus `_samples` (the client's example count, the
+aggregation weight). The receiver decodes and validates every message before use; a message
+that fails is refused with the reason, and the round goes on with the others.
+"""
+from __future__ import annotations
+
+import torch
+
+from lightfed.data.tensors import Data
+from lightfed.methods.base import ClientContext, Method, Rejected
+from lightfed.wire import Spec, WireError, decode, encode
+
+SAMPLES = "_samples"
+
+
+def up_schema(method: Method):
+    return {**method.up_schema(), SAMPLES: Spec("int", lo=1, hi=2**40)}
+
+
+def broadcast(method: Method, state, rnd: int) -> bytes:
+    return encode(method.broadcast(state, rnd), method.down_schema(), kind=f"{method.name}/down")
+
+
+def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data, ctx: ClientContext,
+                 max_bytes: int) -> tuple[bytes, dict]:
+    fields = decode(down, method.down_schema(), kind=f"{method.name}/down", max_bytes=max_bytes)
+    torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
+    update, stats = method.client_update(model, fields, data, ctx)
+    return encode({**update, SAMPLES: stats["samples"]}, up_schema(method), kind=f"{method.name}/up"), stats
+
+
+def aggregate(method: Method, state, uploads: list[tuple[int, bytes]], rnd: int, *, max_bytes: int,
+              min_clients: int = 1):
+    """Decode + validate each upload, aggregate the valid ones. Returns (state, report)."""
+    valid, rejected = [], []
+    for cid, blob in uploads:
+        try:
+            f = decode(blob, up_schema(method), kind=f"{method.name}/up", max_bytes=max_bytes)
+            n = float(f.pop(SAMPLES))
+            method.validate(state, f, rnd)          # a method's own checks (e.g. replay of seeds)
+            valid.append((f, n))
+        except (WireError, Rejected) as e:
+            rejected.append({"id": cid, "bytes": len(blob), "error": str(e)})
+    report = {"accepted": len(valid), "rejected": rejected}
+    if len(valid) < min_clients:
+        report["failed"] = f"{len(valid)} valid replies < min_clients = {min_clients}; global state kept"
+        return state, report
+    return method.aggregate(state, valid, rnd), report

@@ -1,0 +1,109 @@
+"""The method contract. A method is four pieces; the engine calls nothing else.
+
+    1. parameterization  prepare(model) -> model      what is trainable, how weights come from it
+                         init_state / load            the server's state <-> the model's weights
+    2. local optimizer   client_update(...)           how a client turns the broadcast into an update
+    3. codec             down_schema / up_schema      what crosses the wire, field by field
+                         broadcast(state) -> fields
+    4. aggregator        aggregate(state, updates)    how the server combines the updates
+
+Messages are plain dicts of fields (tensors, ints, floats, bytes); the engine encodes them with
+the method's schema (lightfed.wire) and decodes+validates them on the other side, so a method
+only ever sees validated fields. A method never learns which engine runs it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from lightfed.config import RunConfig
+from lightfed.data.tensors import Data
+from lightfed.wire import Schema, tensor_schema
+
+State = dict[str, torch.Tensor]
+Fields = dict
+
+
+@dataclass
+class ClientContext:
+    """What a client knows in one round besides the broadcast and its data."""
+    cid: int
+    round: int
+    seed: int                                   # derived from (run seed, round, client): every RNG starts here
+    cfg: RunConfig
+    loss: Callable[[nn.Module, Data], torch.Tensor]
+    state: dict[str, torch.Tensor] = field(default_factory=dict)   # persists across rounds on this client
+
+    def generator(self, stream: int = 0) -> torch.Generator:
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + stream) % 2**63)
+
+
+class Rejected(ValueError):
+    """An upload that decoded fine but fails the method's own checks; the round goes on without it."""
+
+
+@dataclass
+class NoOptions:
+    pass
+
+
+class Method:
+    name = "base"
+    Options = NoOptions
+    personalised = False     # True: clients keep private weights; evaluate per client too
+
+    def __init__(self, opts, cfg: RunConfig):
+        self.opts, self.cfg = opts, cfg
+
+    # 1. parameterization ------------------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Wrap / freeze the model; remember the trainable shapes for the schemas."""
+        self.shapes = {n: tuple(p.shape) for n, p in self.trainable(model).items()}
+        return model
+
+    def trainable(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    def init_state(self, model: nn.Module) -> State:
+        return {n: p.detach().clone() for n, p in self.trainable(model).items()}
+
+    @torch.no_grad()
+    def load(self, model: nn.Module, state: State) -> None:
+        for n, p in self.trainable(model).items():
+            p.copy_(state[n])
+
+    # 3. codec -----------------------------------------------------------------------------------
+    def down_schema(self) -> Schema:
+        return tensor_schema({n: torch.empty(s) for n, s in self.shapes.items()}, "fp32")
+
+    def up_schema(self) -> Schema:
+        return self.down_schema()
+
+    def broadcast(self, state: State, rnd: int) -> Fields:
+        return dict(state)
+
+    # 2. local optimizer -------------------------------------------------------------------------
+    def client_update(self, model: nn.Module, down: Fields, data: Data, ctx: ClientContext) -> tuple[Fields, dict]:
+        raise NotImplementedError
+
+    # 4. aggregator ------------------------------------------------------------------------------
+    def validate(self, state: State, fields: Fields, rnd: int) -> None:
+        """Raise Rejected if a decoded upload must not be aggregated (default: wire checks suffice)."""
+
+    def aggregate(self, state: State, updates: list[tuple[Fields, float]], rnd: int) -> State:
+        raise NotImplementedError
+
+
+def weighted_mean(updates: list[tuple[Fields, float]], keys) -> State:
+    """sum_k w_k x_k / sum_k w_k per key, in float64 then back to float32 (order-independent up to fp64)."""
+    total = sum(w for _, w in updates)
+    out = {}
+    for k in keys:
+        acc = torch.zeros_like(updates[0][0][k], dtype=torch.float64)
+        for f, w in updates:
+            acc += f[k].double() * (w / total)
+        out[k] = acc.float()
+    return out

@@ -1,0 +1,53 @@
+"""FedAvg + LoRA (Hu et al., 2021, via PEFT): the backbone is frozen; each target layer gains
+W + (alpha / r) B A with A (r x in), B (out x r) trainable. Clients train A, B (and a task head,
+if the model has one: it is new, so it must learn) and the server averages them like FedAvg
+(A and B averaged separately, the usual FedAvg+LoRA, which is not the mean of the products).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from lightfed.config import ConfigError
+from lightfed.methods import fedavg
+
+# target layers by backbone family: attention projections, or every conv of the ResNet
+AUTO_TARGETS = {"BertModel": ["query", "value"], "LlamaForCausalLM": ["q_proj", "v_proj"], "GNResNet": ["conv1", "conv2"]}
+
+
+@dataclass
+class Options(fedavg.Options):
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = "auto"        # comma-separated module names, or auto (see AUTO_TARGETS)
+    train_head: bool = True      # the task head (if any) is trained and sent in full
+
+    def check(self):
+        super().check()
+        if self.r < 1:
+            raise ConfigError(f"r = {self.r}: LoRA rank must be >= 1")
+
+
+def auto_targets(model: nn.Module) -> list[str]:
+    for m in model.modules():
+        if type(m).__name__ in AUTO_TARGETS:
+            return AUTO_TARGETS[type(m).__name__]
+    raise ConfigError(f"lora: no default target layers for {type(model).__name__}; set targets=...")
+
+
+class LoRA(fedavg.FedAvg):
+    name = "lora"
+    Options = Options
+
+    def prepare(self, model):
+        from peft import LoraConfig, inject_adapter_in_model
+
+        o = self.opts
+        targets = auto_targets(model) if o.targets == "auto" else [t.strip() for t in o.targets.split(",")]
+        model = inject_adapter_in_model(LoraConfig(r=o.r, lora_alpha=o.alpha, lora_dropout=o.dropout,
+                                                   target_modules=targets), model)
+        for n, p in model.named_parameters():
+            p.requires_grad = "lora_" in n or (o.train_head and n.startswith("head."))
+        return super().prepare(model)

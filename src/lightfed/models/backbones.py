@@ -1,0 +1,118 @@
+"""Backbones: real pretrained models loaded offline, and tiny random twins of each for tests.
+
+- MiniLM-L6 encoder (all-MiniLM-L6-v2, 22.7M params) + mean pooling + a linear head: `sentiment`.
+- SmolLM2-135M-Instruct causal LM (Llama architecture): `trivia` and `austen`.
+- A small GroupNorm ResNet for Fashion-MNIST, pretrained by lightfed itself (tasks.py).
+A tiny twin keeps the architecture (and the real tokenizer) with a few thousand times fewer
+weights, initialised from a seed: it is what the unit tests run.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lightfed import assets
+
+try:   # transformers prints a load report for every checkpoint (e.g. the unused pooler): keep runs quiet
+    from transformers.utils import logging as _hf_logging
+    _hf_logging.set_verbosity_error()
+except ImportError:
+    pass
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Run random initialisation from `seed` without touching the caller's RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class TextClassifier(nn.Module):
+    """encoder(input_ids) -> masked mean pool -> head.   logits: (B, C)"""
+
+    def __init__(self, encoder: nn.Module, num_classes: int):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.config.hidden_size, num_classes)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, d)
+        m = attention_mask.unsqueeze(-1).to(h.dtype)                                               # (B, T, 1)
+        pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)                                           # (B, d)
+        return self.head(pooled)                                                                    # (B, C)
+
+
+def minilm(tiny: bool, seed: int) -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    if tiny:
+        cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=512)
+        with seeded(seed):
+            return BertModel(cfg, add_pooling_layer=False)
+    return BertModel.from_pretrained(assets.minilm_dir(), add_pooling_layer=False, dtype=torch.float32)
+
+
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(assets.minilm_dir())
+
+
+def smollm2(tiny: bool, seed: int) -> nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    if tiny:
+        cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                          tie_word_embeddings=True)
+        with seeded(seed):
+            return LlamaForCausalLM(cfg)
+    return AutoModelForCausalLM.from_pretrained(assets.smollm2_dir(), dtype=torch.float32)
+
+
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(assets.smollm2_dir())
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+# --- GroupNorm ResNet (BatchNorm statistics would not travel with FL weights) -----------------
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.norm1 = nn.GroupNorm(groups, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.norm2 = nn.GroupNorm(groups, cout)
+        self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
+                     if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        y = F.relu(self.norm1(self.conv1(x)))
+        return F.relu(self.norm2(self.conv2(y)) + self.skip(x))
+
+
+class GNResNet(nn.Module):
+    """28x28x1 -> stem -> 3 stages (stride 1, 2, 2) -> global average pool -> head.  logits: (B, C)"""
+
+    def __init__(self, widths=(32, 64, 128), num_classes: int = 10, groups: int = 8):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, widths[0], 3, 1, 1, bias=False), nn.GroupNorm(groups, widths[0]), nn.ReLU())
+        stages, cin = [], widths[0]
+        for i, w in enumerate(widths):
+            stages.append(Block(cin, w, 1 if i == 0 else 2, groups))
+            cin = w
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(cin, num_classes)
+
+    def forward(self, x):                      # x: (B, 1, 28, 28)
+        h = self.stages(self.stem(x))          # (B, C, 7, 7)
+        return self.head(h.mean((2, 3)))       # (B, num_classes)

