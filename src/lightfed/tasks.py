@@ -163,6 +163,7 @@ def trivia(o: TriviaOptions, seed: int) -> Task:
     items = datasets.load_trivia()
     rng = np.random.default_rng([o.data_seed, 11])
     by_subject: dict[str, list[int]] = {}
+    items = [it for it in items if "http" not in it["question"]]   # ~1,500 questions are only an image link
     for i, it in enumerate(items):
         by_subject.setdefault(it["subject"], []).append(i)
     questions = []  # (prompt, [4 options], correct index, subject)

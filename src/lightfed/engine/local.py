@@ -29,6 +29,7 @@ from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
+from lightfed.models.backbones import seeded
 
 
 def derive_seed(seed: int, *parts: int) -> int:
@@ -69,7 +70,8 @@ def build(cfg: C.RunConfig) -> Setup:
     except ValueError as e:
         raise C.ConfigError(f"partition {cfg.partition!r} on task {cfg.task!r}: {e}") from None
     method = methods.build(cfg)
-    model = method.prepare(task.model)
+    with seeded(derive_seed(cfg.seed, 0)):      # e.g. PEFT draws LoRA's A from the global RNG
+        model = method.prepare(task.model)
     n_train = sum(p.numel() for p in method.trainable(model).values())
     info = {"task": task.info, "trainable_params": n_train, "model_params": sum(p.numel() for p in model.parameters()),
             "clients": [{"id": k, "examples": len(s)} for k, s in enumerate(shards)],
@@ -145,7 +147,8 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         clock, rec = Clock(), {"round": rnd, "clients": []}
         t_round = time.perf_counter()
         bar.set_description(f"round {rnd}/{cfg.rounds}")
-        down = P.broadcast(method, state, rnd)
+        with clock("server"):
+            down = P.broadcast(method, state, rnd)
         uploads = []
         for cid in sample_clients(cfg, rnd):
             ctx = ClientContext(cid, rnd, derive_seed(cfg.seed, rnd, cid), cfg, task.loss, client_states.setdefault(cid, {}))
@@ -158,8 +161,9 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
             rec["clients"].append({"id": cid, "up": len(up), "down": len(down), "rss_peak": mem.peak,
                                    "rss_rise": mem.rise, **stats})
             bar.update(1)
-        state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
-                                    min_clients=cfg.min_clients)
+        with clock("server"):
+            state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
+                                        min_clients=cfg.min_clients)
         rec.update(report)
         for r in report["rejected"]:
             log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")
@@ -175,7 +179,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         with clock("checkpoint"):
             save_checkpoint(out, rnd, state, client_states, history)
         rec["time"] = {**clock.total, "round": time.perf_counter() - t_round}
-        rec["time"]["engine"] = rec["time"]["round"] - clock.total.get("client", 0) - clock.total.get("eval", 0)
+        rec["time"]["engine"] = rec["time"]["round"] - sum(clock.total.get(k, 0) for k in ("client", "server", "eval"))
         with open(out / "metrics.jsonl", "a") as f:     # the complete record, checkpoint time included
             f.write(json.dumps(rec) + "\n")
         if stop_after is not None and rnd >= stop_after and rnd < cfg.rounds:
@@ -200,6 +204,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
     evals = [h for h in history if metric in h]
     client_s = sum(h["time"].get("client", 0) for h in rounds)
     engine_s = sum(h["time"]["engine"] for h in rounds)
+    server_s = sum(h["time"].get("server", 0) for h in rounds)
     return {
         "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(),
         "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
@@ -218,7 +223,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "flops": {"client_total": sum(c.get("flops", 0) for c in clients),
                   "per_client_round": _mean([c.get("flops") for c in clients]),
                   "counter": "torch FlopCounterMode (matmul/conv/attention, fwd+bwd) per sample x samples"},
-        "time": {"wall": wall, "client_compute": client_s, "engine_overhead": engine_s,
+        "time": {"wall": wall, "client_compute": client_s, "server_compute": server_s, "engine_overhead": engine_s,
                  "eval": sum(h["time"].get("eval", 0) for h in rounds),
                  "engine_overhead_share": engine_s / client_s if client_s else None},
         "out": cfg.out,

@@ -98,12 +98,12 @@ class Method:
 
 
 def weighted_mean(updates: list[tuple[Fields, float]], keys) -> State:
-    """sum_k w_k x_k / sum_k w_k per key, in float64 then back to float32 (order-independent up to fp64)."""
+    """sum_k (w_k / sum w) x_k per key, accumulated in float32 in the given (deterministic) order."""
     total = sum(w for _, w in updates)
     out = {}
     for k in keys:
-        acc = torch.zeros_like(updates[0][0][k], dtype=torch.float64)
+        acc = torch.zeros_like(updates[0][0][k], dtype=torch.float32)
         for f, w in updates:
-            acc += f[k].double() * (w / total)
-        out[k] = acc.float()
+            acc.add_(f[k], alpha=w / total)
+        out[k] = acc
     return out

@@ -19,6 +19,7 @@ from lightfed import assets
 try:   # transformers prints a load report for every checkpoint (e.g. the unused pooler): keep runs quiet
     from transformers.utils import logging as _hf_logging
     _hf_logging.set_verbosity_error()
+    _hf_logging.disable_progress_bar()
 except ImportError:
     pass
 
