@@ -8,6 +8,6 @@ PY="${PYTHON_BOOTSTRAP:-python3}"
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 VPY=.venv/bin/python
 "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$VPY" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$VPY" -m pip install -q --disable-pip-version-check -e ".[test,flower]"
 PYTHON="$VPY" bash scripts/install_assets.sh
 echo "lightfed: set up in $(pwd)/.venv"

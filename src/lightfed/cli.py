@@ -5,6 +5,7 @@
                  --opt mu=0.01 --task-opt train_size=2000 --set lr=1e-4 --out runs/x
     lightfed run --config run.toml    (flags given as well override the file)
     lightfed run --resume runs/x      continue an interrupted run to the same final result
+    lightfed run --engine flower-sim  the same run on Flower's Simulation Engine (docs/flower.md)
     lightfed list                     tasks and methods with their options
     lightfed pretrain fmnist          build lightfed's own Fashion-MNIST base (cached)
 """
@@ -21,7 +22,7 @@ from lightfed.assets import AssetMissing
 # The main job: small enough for a few minutes on 2 cores, real model and data.
 MAIN_JOB = {"task": "sentiment", "clients": 10, "rounds": 3, "fraction": 0.3, "lr": 5e-5, "batch_size": 16,
             "local_epochs": 1.0, "task_options": {"train_size": 1000, "test_size": 500, "max_len": 32}}
-MAIN_METHODS = ["fedavg", "lora"]
+MAIN_METHODS = ["flite", "fedavg"]   # FLITE vs full-weight FedAvg, side by side
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--task-opt", action="append", default=[], metavar="KEY=VALUE", help="a task option")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run setting, e.g. lr=1e-4")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--engine", choices=["local", "flower-sim"], default="local",
+                   help="local: in-process (default); flower-sim: Flower's Simulation Engine, same bytes and result")
     sub.add_parser("list", help="tasks and methods with their options")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
@@ -85,15 +88,24 @@ def cmd_run(a) -> int:
     from lightfed.engine import local
 
     if a.resume:
+        if a.engine != "local":
+            raise C.ConfigError("--resume works with the local engine only")
         s = local.run(resume=a.resume)
         print(table([s]))
         return 0
     cfgs = build_configs(a)
+    if a.engine == "flower-sim":
+        from lightfed.engine import flower_app
+        for c in cfgs:
+            flower_app.options(c)          # engine_options, checked before any work
     summaries = []
     for c in cfgs:
         print(f"lightfed: {c.task} / {c.method}: {c.clients} clients, {c.rounds} rounds, partition {c.partition}",
               file=sys.stderr)
-        summaries.append(local.run(c))
+        if a.engine == "flower-sim":
+            summaries.append(flower_app.run_simulation(c))
+        else:
+            summaries.append(local.run(c))
         print(f"lightfed: results in {summaries[-1]['out']}", file=sys.stderr)
     print(table(summaries))
     return 0
@@ -113,7 +125,7 @@ def cmd_list() -> int:
         print(f"  {name:10s} {opts(m.Options)}")
     print("partitions: iid | dirichlet:ALPHA | domain (trivia: subject groups; austen: novels)")
     print("run settings (--set KEY=VALUE):", ", ".join(f"{k}={v!r}" for k, v in C.RunConfig().to_dict().items()
-                                                       if k not in ("method_options", "task_options")))
+                                                       if k not in ("method_options", "task_options", "engine_options")))
     return 0
 
 

@@ -41,6 +41,7 @@ class RunConfig:
     progress: bool = True
     method_options: dict[str, Any] = field(default_factory=dict)
     task_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: dict[str, Any] = field(default_factory=dict)   # checked by the engine that runs (Flower: flower_app.Options)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -89,7 +90,7 @@ def from_dict(d: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
         if k not in FIELDS:
             raise ConfigError(f"unknown config key {k!r}; valid keys: {', '.join(FIELDS)}")
         v = _coerce(k, v)
-        if k in ("method_options", "task_options"):
+        if k in ("method_options", "task_options", "engine_options"):
             v = {**getattr(cfg, k), **v}
         setattr(cfg, k, v)
     return cfg

@@ -31,6 +31,10 @@ def results_table(summaries: list[dict]) -> str:
                      "trainable": f"{s['trainable_params']:,}",
                      "client peak RSS": human_bytes(m["client_rss_peak_bytes"]),
                      "client GFLOPs / round": f"{(s['flops']['per_client_round'] or 0) / 1e9:.1f}"})
+    ref = next((s for s in summaries if s["method"] == "fedavg"), None)
+    if ref is not None and len(summaries) > 1:   # how many times less each method uploads than FedAvg
+        for r, s in zip(rows, summaries):
+            r["upload vs FedAvg"] = f"{ref['bytes']['up_per_client_round'] / s['bytes']['up_per_client_round']:,.0f}x smaller"
     cols = list(rows[0]) if rows else []
     return markdown(rows, cols)
 

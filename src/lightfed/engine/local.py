@@ -27,14 +27,15 @@ from lightfed import methods, tasks
 from lightfed.data import partition
 from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
+from lightfed.seeds import derive
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
 from lightfed.models.backbones import seeded
 
 
 def derive_seed(seed: int, *parts: int) -> int:
-    """A 63-bit seed for one (round, client, ...) from the run seed (numpy's SeedSequence)."""
-    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> 1)
+    """A 63-bit seed for one (round, client, ...) from the run seed."""
+    return derive(seed, *parts)
 
 
 def sample_clients(cfg: C.RunConfig, rnd: int) -> list[int]:

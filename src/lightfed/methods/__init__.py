@@ -1,11 +1,19 @@
 """Every method, by name. Adding one = one file + one line here; the engine does not change."""
 from lightfed.config import ConfigError, RunConfig, check_options
 from lightfed.methods.base import Method
+from lightfed.methods.decomfl import DeComFL
 from lightfed.methods.fedavg import FedAvg
 from lightfed.methods.fedprox import FedProx
+from lightfed.methods.fedspzo import FedSPZO
+from lightfed.methods.fedzo import FedZO
+from lightfed.methods.flite import FLITE
 from lightfed.methods.lora import LoRA
+from lightfed.methods.mezo import MeZO
+from lightfed.methods.powersgd import PowerSGD
+from lightfed.methods.topk import TopK
+from lightfed.methods.vera import VeRA
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL)}
 
 
 def options(name: str, given: dict):

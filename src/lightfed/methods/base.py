@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from lightfed import seeds
 from lightfed.config import RunConfig
 from lightfed.data.tensors import Data
 from lightfed.wire import Schema, tensor_schema
@@ -38,7 +39,7 @@ class ClientContext:
     state: dict[str, torch.Tensor] = field(default_factory=dict)   # persists across rounds on this client
 
     def generator(self, stream: int = 0) -> torch.Generator:
-        return torch.Generator().manual_seed((self.seed * 1_000_003 + stream) % 2**63)
+        return seeds.generator(self.seed, stream)
 
 
 class Rejected(ValueError):

@@ -1,0 +1,262 @@
+"""MeZO-style federated zeroth-order fine-tuning (Malladi et al., 2023; seeds + scalars as in
+DeComFL / FedKSeed): the uniform single-block baseline and ablation of FedSPZO, and the home of
+the server side every seed-replay ZO method shares (FedSPZO subclasses it).
+
+Client, per local step on a fresh mini-batch: P directions z_p on ALL trainable weights, each
+two-sided, g_p = (L(theta + eps z_p) - L(theta - eps z_p)) / (2 eps); then
+theta <- theta - (lr / P) g_p z_p for p = 1..P (plain ZO-SGD: no momentum, no weight decay, so
+that scalars replay; cfg.optimizer is ignored). Forwards only, under no_grad, in eval mode.
+Seeds: a round seed broadcast by the server; direction p of step k uses derive(round_seed, k,
+block, p): every client of a round shares the directions (as DeComFL), so the uplink is the
+scalars alone.
+
+Wire.  Up: "g" (K x P float32) + "digest" (8 bytes: blake2b of the client's final trainable
+weights) + `_samples`: 4 K P + ~40 bytes. Down: the trainable weights (fp32) + "round_seed".
+The engine sends one broadcast to every client, and a client without the model needs the
+weights, so the full model goes down. The seed-only alternative, for a client that holds the
+previous global model: previous round seed + the sample-weighted mean scalars of that round
+(K x P floats; because the directions are shared, replaying the mean scalars == averaging the
+replayed models, up to float rounding; `replay_mean` is that replay). `seed_down_bytes(K)` is
+its exact size. A client that missed m rounds downloads m such records (m x seed_down_bytes),
+or the full model when that is smaller.
+
+Server: validate() replays the client's K steps from the global state with the same
+apply_update (optim/zeroth_order.py), refuses non-finite results and a digest that differs
+("replay digest mismatch"), and keeps the replayed model for aggregate(), which takes the
+sample-weighted mean of the replayed models (FedAvg of rebuilt models). The digest catches
+corruption, tampering with the scalars and clients whose scalars do not reproduce their model;
+it cannot catch a client that forges scalars and digests them honestly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightfed.config import ConfigError
+from lightfed.data.tensors import size
+from lightfed.methods.base import Method, Rejected, weighted_mean
+from lightfed.optim import zeroth_order as zo
+from lightfed.wire import Spec, encoded_size, tensor_schema
+
+DIGEST = "digest"
+
+
+def _check_common(o):
+    if not o.eps > 0:
+        raise ConfigError(f"eps = {o.eps}: must be > 0")
+    if o.lr < 0:
+        raise ConfigError(f"lr = {o.lr}: must be >= 0 (0 = use the run's lr)")
+    if o.max_steps < 1:
+        raise ConfigError(f"max_steps = {o.max_steps}: must be >= 1")
+    if o.z not in ("portable", "fast"):
+        raise ConfigError(f"z = {o.z!r}: use portable or fast")
+
+
+@dataclass
+class Options:
+    P: int = 1                  # directions per step
+    eps: float = 1e-3           # perturbation scale
+    lr: float = 0.0             # ZO-SGD learning rate; 0 = the run's lr
+    trainable: str = "all"      # "all", or comma-separated substrings of parameter names
+    max_steps: int = 100_000    # the server refuses uploads claiming more local steps (replay cost)
+    z: str = "portable"         # portable: same z on any CPU; fast: ~4x faster draws, like CPUs only
+
+    def check(self):
+        _check_common(self)
+        if self.P < 1:
+            raise ConfigError(f"P = {self.P}: need at least one direction per step")
+
+
+class MeZO(Method):
+    name = "mezo"
+    Options = Options
+    TAG = 0x4D655A4F            # mixes the round seed, so two ZO methods never share directions
+
+    # --- what a subclass changes -----------------------------------------------------------------
+    def blocks(self) -> dict[str, list[str]]:
+        """Block name -> trainable parameter names (each block perturbed with its own directions)."""
+        return {"all": self.names}
+
+    def scalars(self) -> dict[str, int]:
+        """Uplink scalar field -> directions per step."""
+        return {"g": self.opts.P}
+
+    def lrs(self) -> dict[str, float]:
+        return {"g": self.opts.lr or self.cfg.lr}
+
+    def step_updates(self, round_seed: int, k: int, row: dict[str, list[float]]) -> list[zo.Update]:
+        """Step k's updates, in the order clients apply and the server replays them."""
+        P, lr = self.opts.P, self.lrs()["g"]
+        return [("all", zo.derive(round_seed, k, 0, p), lr * g / P) for p, g in enumerate(row["g"])]
+
+    def measure(self, model, batch, loss) -> dict:
+        """FLOPs and memory of one forward of each kind on `batch` (unperturbed, not counted in flops)."""
+        exclude = zo.storage_ptrs(list(model.parameters()), list(model.buffers()), batch)
+        with FlopCounterMode(display=False) as fc:
+            _, act = zo.peak_live_bytes(lambda: loss(model, batch), exclude)
+        return {"fwd": fc.get_total_flops() / size(batch), "activations": act}
+
+    def local_step(self, model, batch, k, round_seed, loss):
+        """-> ({field: [g per direction]}, losses, {forward kind: forwards})."""
+        params = self.block_params["all"]
+        row, losses = [], []
+        for p in range(self.opts.P):
+            g, lp, lm = zo.two_point(lambda: loss(model, batch), model, params, zo.derive(round_seed, k, 0, p),
+                                     self.opts.eps, self.owner_map, self.fast)
+            row.append(zo.f32(g))
+            losses += [lp, lm]
+        return {"g": row}, losses, {"fwd": 2 * self.opts.P}
+
+    def memory(self, model, meas) -> dict:
+        return {"params": zo.tensor_bytes(list(model.parameters()), list(model.buffers())),
+                "activations": meas["activations"], "z": zo.z_bytes(self.block_params["all"])}
+
+    # --- 1. parameterization ---------------------------------------------------------------------
+    def prepare(self, model):
+        spec = self.opts.trainable
+        keys = None if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+        for n, p in model.named_parameters():
+            p.requires_grad = keys is None or any(s in n for s in keys)
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        if not self.names:
+            raise ConfigError(f"{self.name}: trainable = {spec!r} matches no parameter")
+        return super().prepare(model)
+
+    def _bind(self, model):
+        """Per-model lookups: parameters by block, and which modules hold each parameter."""
+        named = dict(model.named_parameters())
+        self.block_params = {b: {n: named[n] for n in ns} for b, ns in self.blocks().items()}
+        self.owner_map = zo.owners(model)
+
+    @property
+    def fast(self) -> bool:
+        return self.opts.z == "fast"
+
+    def round_seed(self, rnd: int) -> int:
+        return zo.derive(self.cfg.seed, rnd, self.TAG)
+
+    # --- 3. codec --------------------------------------------------------------------------------
+    def down_schema(self):
+        return {**tensor_schema({n: torch.empty(s) for n, s in self.shapes.items()}, "fp32"),
+                "round_seed": Spec("int", lo=0, hi=2**63 - 1)}
+
+    def broadcast(self, state, rnd):
+        return {**state, "round_seed": self.round_seed(rnd)}
+
+    def up_schema(self):
+        K = self.cfg.local_steps if self.cfg.local_steps > 0 else None   # else: checked in validate
+        return {**{f: Spec("tensor", None if K is None else (K, P), "fp32") for f, P in self.scalars().items()},
+                DIGEST: Spec("bytes", max_len=8)}
+
+    def seed_down_bytes(self, K: int) -> int:
+        """Exact size of the seed-only downlink of one round: its round seed + K x P mean scalars."""
+        schema = {"round_seed": Spec("int"), **{f: Spec("tensor", (K, P), "fp32") for f, P in self.scalars().items()}}
+        return encoded_size(schema, kind=f"{self.name}/down-seeds")
+
+    # --- 2. local optimizer ----------------------------------------------------------------------
+    def client_update(self, model, down, data, ctx):
+        self.load(model, down)
+        self._bind(model)
+        c = ctx.cfg
+        n = size(data)
+        K = zo.num_steps(n, c.batch_size, c.local_steps, c.local_epochs)
+        rs = down["round_seed"]
+        was = model.training
+        model.eval()
+        rows = {f: [] for f in self.scalars()}
+        fwd_samples: dict[str, int] = {}
+        loss_sum, samples, meas = 0.0, 0, None
+        try:
+            with torch.no_grad():
+                for k, b in enumerate(zo.step_batches(data, c.batch_size, K, ctx.generator())):
+                    if meas is None:
+                        meas = self._measured(model, b, ctx.loss)
+                    row, losses, fwds = self.local_step(model, b, k, rs, ctx.loss)
+                    for f in rows:
+                        rows[f].append(row[f])
+                    for kind, m in fwds.items():
+                        fwd_samples[kind] = fwd_samples.get(kind, 0) + m * size(b)
+                    for blk, seed, coef in self.step_updates(rs, k, row):
+                        zo.apply_update(self.block_params[blk], seed, coef, self.fast)
+                    loss_sum += sum(losses) / len(losses)
+                    samples += size(b)
+        finally:
+            model.train(was)
+        up = {f: torch.tensor(r, dtype=torch.float32).reshape(K, -1) for f, r in rows.items()}
+        up[DIGEST] = zo.digest(self.trainable(model))
+        flops = {kind: meas[kind] * m for kind, m in fwd_samples.items()}   # FLOPs per sample x samples
+        stats = {"steps": K, "samples": samples, "train_loss": loss_sum / K, "loss": loss_sum / K,
+                 "flops": sum(flops.values()), **{f"flops_{kind}": v for kind, v in flops.items() if kind != "fwd"},
+                 "forwards_per_step": fwds, "memory_accounted": self.memory(model, meas),
+                 "down_seed_only_bytes": self.seed_down_bytes(K)}
+        return up, stats
+
+    def _measured(self, model, batch, loss) -> dict:
+        """measure() once per model and batch shape (the counts depend on nothing else)."""
+        key = (id(model), tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
+        cache = self.__dict__.setdefault("_measure_cache", {})
+        if key not in cache:
+            cache[key] = self.measure(model, batch, loss)
+        return cache[key]
+
+    # --- 4. aggregator ---------------------------------------------------------------------------
+    def updates_of(self, rnd: int, fields) -> list[zo.Update]:
+        rs = self.round_seed(rnd)
+        tab = {f: fields[f].tolist() for f in self.scalars()}
+        K = len(next(iter(tab.values())))
+        return [u for k in range(K) for u in self.step_updates(rs, k, {f: tab[f][k] for f in tab})]
+
+    def replay(self, state, rnd: int, fields):
+        """The client's final trainable weights, rebuilt from the global state and its scalars."""
+        return zo.replay({n: state[n] for n in self.names}, self.blocks(), self.updates_of(rnd, fields), self.fast)
+
+    def validate(self, state, fields, rnd):
+        shapes = {f: tuple(fields[f].shape) for f in self.scalars()}
+        first = next(iter(shapes.values()))
+        K = first[0] if len(first) == 2 else -1
+        for f, P in self.scalars().items():
+            if shapes[f] != (K, P):
+                raise Rejected(f"{f}: shape {shapes[f]}, expected (K, {P}) like the other fields")
+        if not 1 <= K <= (self.cfg.local_steps or self.opts.max_steps):
+            raise Rejected(f"{K} local steps: expected 1..{self.cfg.local_steps or self.opts.max_steps}")
+        if not all(torch.isfinite(fields[f]).all() for f in self.scalars()):
+            raise Rejected("non-finite scalars")
+        if len(fields[DIGEST]) != 8:
+            raise Rejected(f"digest is {len(fields[DIGEST])} bytes, expected 8")
+        new = self.replay(state, rnd, fields)
+        if not all(torch.isfinite(v).all() for v in new.values()):
+            raise Rejected("replay gives non-finite weights")
+        if zo.digest(new) != fields[DIGEST]:
+            raise Rejected("replay digest mismatch: the scalars do not rebuild the client's model")
+        cache = getattr(self, "_cache", None)
+        if cache is None or cache[0] != (rnd, id(state)):
+            self._cache = cache = ((rnd, id(state)), {})
+        cache[1][id(fields)] = (fields, new)
+
+    def _replayed(self, state, fields, rnd):
+        cache = getattr(self, "_cache", None)
+        hit = cache[1].get(id(fields)) if cache is not None and cache[0] == (rnd, id(state)) else None
+        if hit is None or hit[0] is not fields:
+            self.validate(state, fields, rnd)
+            hit = self._cache[1][id(fields)]
+        return hit[1]
+
+    def aggregate(self, state, updates, rnd):
+        rebuilt = [(self._replayed(state, f, rnd), w) for f, w in updates]
+        self._cache = None
+        return weighted_mean(rebuilt, self.names)
+
+    def replay_mean(self, state, rnd: int, updates) -> dict:
+        """What a seed-only client computes: replay of the sample-weighted mean scalars (per step,
+        per direction; a client with fewer steps counts 0 for the missing ones)."""
+        total = sum(w for _, w in updates)
+        K = max(f[next(iter(self.scalars()))].shape[0] for f, _ in updates)
+        mean = {}
+        for fname, P in self.scalars().items():
+            acc = torch.zeros(K, P, dtype=torch.float64)
+            for f, w in updates:
+                acc[: f[fname].shape[0]] += f[fname].double() * (w / total)
+            mean[fname] = acc.float()
+        return self.replay(state, rnd, mean)

@@ -1,0 +1,194 @@
+"""Latent-delta parameterization of any torch model:  theta = theta_pre + U V^T z   (FLITE's map).
+
+One trainable flat latent `z` (K,) is registered on the model root as `model.z`, initialised to
+zeros: z = 0 is exactly the pretrained model. Every selected layer l (nn.Linear / nn.Conv2d /
+nn.Embedding by exact type, in model.named_modules() order; any module named `head` excluded)
+is replaced in place by a LatentLayer that owns the slice z_l = z[o_l : o_l + k_l] and adds a
+correction to its frozen weight W_l, viewed as a (rows x cols) matrix:
+    Linear (out, in) -> out x in    Conv2d (out, in/g, kh, kw) -> out x (in/g)*kh*kw    Embedding (num, dim) -> num x dim
+
+  form "matrix" (default)   dW_l = A_l Z_l B_l^T              A_l: rows x r   B_l: cols x r   Z_l = z_l.view(r, r)
+                            k_l = r^2, live = min(r,rows) * min(r,cols)  (every latent reachable; factors (rows+cols) r)
+  form "flat" (the paper)   dW_l = (U_l (V_l^T z_l)).view(rows, cols)      U_l: rows*cols x r   V_l: k x r
+                            k_l = k, live = min(k, r)  (k > r wastes latents; factors r x the layer's size)
+
+The map z -> weights is affine, so mean_k theta(z_k) = theta(mean_k z_k): averaging latents is
+FedAvg of the generated weights.
+
+Factors: frozen float32, drawn on the CPU by lightfed.seeds.normal (float64 draws rounded: the same
+on every CPU) from derive(s_l, 0) for A (rows x r) and derive(s_l, 1) for B^T (r x cols) (flat: U, V^T),
+s_l = derive(seed, 1, l), l = the layer's index among the selected layers. Never sent, never saved (non-persistent buffers in
+mode "cache"; mode "regen" draws them again in every forward: no memory, more compute).
+Scaling (both forms):  A ~ N(0, 1/r), B ~ N(0, 1/(r cols))   |   U ~ N(0, 1/(r cols)), V ~ N(0, 1/k)
+so that E[dW^2] = rms(z_l)^2 / cols: z is in fan-in (LeCun) units in every layer, and an input
+with unit-rms entries gets an output change of rms ~rms(z_l) (in expectation over the factors),
+whatever the layer's shape or r. Adam moves every latent by ~lr per step, so one latent learning
+rate suits all layers (measured: lr 1e-2..3e-2 on MiniLM; see methods/flite.py).
+
+Forward, and what it materialises beyond the layer's own forward:
+  Linear, matrix      y = x W^T + b + ((x B) Z^T) A^T             (..., r) intermediates only (LoRA-style)
+  Embedding, matrix   y = W[x] + (A[x] Z) B^T                    (..., r) intermediates only
+  Conv2d, matrix      y = conv(x, W + (A Z B^T).view_as(W)) + b  one dW of this layer per forward
+  any layer, flat     y = layer(x; W + dW)                       one dW of this layer per forward
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lightfed.seeds import derive, normal
+
+KINDS = {"linear": nn.Linear, "conv": nn.Conv2d, "embedding": nn.Embedding}
+FORMS = ("matrix", "flat")
+MODES = ("cache", "regen")
+
+
+def layer_seed(seed: int, index: int) -> int:
+    """Seed of the index-th selected layer's factors."""
+    return derive(seed, 1, index)
+
+
+def make_factors(seed: int, rows: int, cols: int, r: int, form: str = "matrix", k: int = 0):
+    """The frozen factors of one layer, float32 on the CPU: (A, B^T) for "matrix", (U, V^T) for "flat".
+    The right factor is drawn and kept transposed (r x cols, nn.Linear's layout): x -> x B is then a
+    row-major F.linear, ~3x faster on CPU than a skinny x @ B."""
+    if form == "matrix":
+        A = normal((rows, r), derive(seed, 0)).mul_(1 / math.sqrt(r))                # rows x r
+        Bt = normal((r, cols), derive(seed, 1)).mul_(1 / math.sqrt(r * cols))       # r x cols
+    else:
+        A = normal((rows * cols, r), derive(seed, 0)).mul_(1 / math.sqrt(r * cols))  # U: rows*cols x r
+        Bt = normal((r, k), derive(seed, 1)).mul_(1 / math.sqrt(k))                   # V^T: r x k
+    return A, Bt
+
+
+class LatentLayer(nn.Module):
+    """base (frozen) + a weight correction generated from its slice z[lo:hi] of the root's z."""
+
+    def __init__(self, base: nn.Module, root: nn.Module, kind: str, lo: int, seed: int, r: int, form: str, k: int,
+                 mode: str):
+        super().__init__()
+        self.base, self._root = base, (root,)          # a tuple: the root is not registered as a child
+        self.kind, self.seed, self.r, self.form, self.mode = kind, seed, r, form, mode
+        self.rows, self.cols = base.weight.shape[0], base.weight[0].numel()
+        self.k = r * r if form == "matrix" else k
+        self.lo, self.hi = lo, lo + self.k
+        A, Bt = make_factors(seed, self.rows, self.cols, r, form, k) if mode == "cache" else (None, None)
+        w = base.weight
+        self.register_buffer("A", None if A is None else A.to(w.device, w.dtype), persistent=False)
+        self.register_buffer("Bt", None if Bt is None else Bt.to(w.device, w.dtype), persistent=False)
+
+    def factors(self):
+        if self.mode == "cache":
+            return self.A, self.Bt
+        z = self._root[0].z
+        return tuple(t.to(z.device, z.dtype) for t in
+                     make_factors(self.seed, self.rows, self.cols, self.r, self.form, self.k))
+
+    def latent(self) -> torch.Tensor:
+        return self._root[0].z[self.lo:self.hi]                                     # (k,)
+
+    def delta(self, z: torch.Tensor | None = None) -> torch.Tensor:
+        """dW of this layer, shaped like base.weight (from `z_l`, default the model's own slice)."""
+        z = self.latent() if z is None else z
+        A, Bt = (t.to(z.dtype) for t in self.factors())
+        if self.form == "matrix":
+            dW = A @ z.view(self.r, self.r) @ Bt                                    # rows x cols
+        else:
+            dW = A @ (Bt @ z)                                                       # rows*cols
+        return dW.view(self.base.weight.shape)
+
+    def live_dim(self) -> int:
+        if self.form == "matrix":
+            return min(self.r, self.rows) * min(self.r, self.cols)
+        return min(self.k, self.r, self.rows * self.cols)
+
+    def forward(self, x):
+        b = self.base
+        if self.form == "matrix" and self.kind != "conv":       # low rank: nothing rows x cols is built
+            A, Bt = self.factors()
+            Z = self.latent().view(self.r, self.r)                                  # r x r
+            if self.kind == "linear":                                               # x B Z^T A^T
+                return b(x) + F.linear(F.linear(F.linear(x, Bt), Z), A)             # (..., in)->(..., r)->(..., out)
+            return b(x) + (F.embedding(x, A) @ Z) @ Bt                              # A[x] Z B^T: (..., r)->(..., dim)
+        W = b.weight + self.delta()                                                 # this layer's weight only
+        if self.kind == "linear":
+            return F.linear(x, W, b.bias)
+        if self.kind == "conv":
+            return b._conv_forward(x, W, b.bias)
+        return F.embedding(x, W, b.padding_idx, None, b.norm_type, b.scale_grad_by_freq, b.sparse)
+
+    def extra_repr(self):
+        return f"{self.kind}, z[{self.lo}:{self.hi}], r={self.r}, form={self.form}, mode={self.mode}"
+
+
+def parse_kinds(layers: str) -> list[str]:
+    kinds = [s.strip() for s in layers.split(",") if s.strip()]
+    bad = [s for s in kinds if s not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"layers = {layers!r}: a comma-separated subset of {', '.join(KINDS)}")
+    return kinds
+
+
+def install(model: nn.Module, *, r: int = 6, layers: str = "linear,conv", seed: int = 0, mode: str = "cache",
+            form: str = "matrix", k: int = 0) -> nn.Module:
+    """Freeze `model`, wrap its selected layers in place, add `model.z` = zeros(K). Returns model.
+    k: latents per layer in the flat form (0 = r); the matrix form always uses r^2."""
+    if form not in FORMS or mode not in MODES:
+        raise ValueError(f"form {form!r} / mode {mode!r}: use form in {FORMS}, mode in {MODES}")
+    if r < 1 or k < 0 or not 0 <= seed < 2**64:
+        raise ValueError(f"r = {r}, k = {k}, seed = {seed}: need r >= 1, k >= 0, 0 <= seed < 2**64")
+    if hasattr(model, "z") or any(isinstance(m, LatentLayer) for m in model.modules()):
+        raise ValueError("install: the model already has a latent `z`")
+    k = k or r
+    types = tuple(KINDS[s] for s in parse_kinds(layers))
+    targets = [(n, m) for n, m in model.named_modules() if type(m) in types and n.rsplit(".", 1)[-1] != "head"]
+    if not targets:
+        raise ValueError(f"install: no {layers} layer to parameterize (besides `head`)")
+    for name, m in targets:
+        if getattr(m, "max_norm", None) is not None:
+            raise ValueError(f"install: {name} has max_norm (renormalises its weight in place): not supported")
+    model.requires_grad_(False)
+    lo = 0
+    for i, (name, m) in enumerate(targets):
+        kind = next(s for s, t in KINDS.items() if type(m) is t)
+        wrapped = LatentLayer(m, model, kind, lo, layer_seed(seed, i), r, form, k, mode)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, wrapped)
+        lo = wrapped.hi
+    w = targets[0][1].weight
+    model.register_parameter("z", nn.Parameter(torch.zeros(lo, device=w.device, dtype=w.dtype)))
+    return model
+
+
+def latent_layers(model: nn.Module) -> list[tuple[str, LatentLayer]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LatentLayer)]
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, z: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> dict:
+    """{layer name + ".weight": W + dW} of every latent layer, from `z` (default model.z), in `dtype`."""
+    z = model.z if z is None else z
+    dtype = dtype or z.dtype
+    return {f"{n}.weight": m.base.weight.to(dtype) + m.delta(z[m.lo:m.hi].to(dtype))
+            for n, m in latent_layers(model)}
+
+
+def factor_bytes(model: nn.Module, held: bool = True) -> int:
+    """Bytes of the frozen factors: held in memory now (0 in mode "regen"), or, held=False, what
+    mode "cache" holds (float32) whatever the mode."""
+    total = 0
+    for _, m in latent_layers(model):
+        if held:
+            total += sum(t.numel() * t.element_size() for t in (m.A, m.Bt) if t is not None)
+        else:
+            total += 4 * (m.rows * m.cols * m.r + m.k * m.r if m.form == "flat" else (m.rows + m.cols) * m.r)
+    return total
+
+
+def info(model: nn.Module) -> dict:
+    ls = latent_layers(model)
+    return {"latent": int(model.z.numel()), "live": sum(m.live_dim() for _, m in ls), "layers": len(ls),
+            "factor_bytes": factor_bytes(model), "factor_bytes_cache": factor_bytes(model, held=False)}

@@ -1,0 +1,204 @@
+"""FLITE: the latent-delta parameterization's invariants, and the method's wire and head."""
+import contextlib
+import copy
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import tiny_config, tiny_task
+from lightfed import methods
+from lightfed.data.tensors import subset
+from lightfed.engine import protocol as P
+from lightfed.methods.base import ClientContext
+from lightfed.models import latent
+from lightfed.wire import Spec, decode, encode, encoded_size
+
+SEED = 2**64 - 12345      # a full 64-bit factor seed
+
+
+class Toy(nn.Module):
+    """One layer of every kind the parameterization handles, and a task head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8, padding_idx=0)
+        self.conv = nn.Conv2d(2, 8, 3, padding=1)
+        self.lin = nn.Linear(8, 12)
+        self.head = nn.Linear(12, 3)
+
+    def forward(self, ids, img):                                                  # (B, T), (B, 2, 5, 5)
+        h = self.emb(ids).mean(1) + self.conv(img).mean((2, 3))                  # (B, 8)
+        return self.head(torch.tanh(self.lin(h)))                                # (B, 3)
+
+
+def toy(**kw):
+    torch.manual_seed(0)
+    base = Toy().eval()
+    kw = {"layers": "linear,conv,embedding", "seed": SEED, **kw}
+    return base, latent.install(copy.deepcopy(base), **kw)
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 50, (4, 6), generator=g), torch.randn(4, 2, 5, 5, generator=g)
+
+
+def set_z(model, seed):
+    with torch.no_grad():
+        model.z.copy_(torch.randn(model.z.shape, generator=torch.Generator().manual_seed(seed)))
+
+
+@pytest.mark.parametrize("form", ["matrix", "flat"])
+@pytest.mark.parametrize("mode", ["cache", "regen"])
+def test_zero_latent_is_the_pretrained_model(form, mode):
+    base, m = toy(form=form, mode=mode, k=10)
+    assert m.z.numel() == 3 * (36 if form == "matrix" else 10) and torch.equal(m.z, torch.zeros_like(m.z))
+    assert "head" not in dict(latent.latent_layers(m))
+    assert torch.equal(m(*inputs()), base(*inputs()))
+    set_z(m, 0)
+    assert not torch.allclose(m(*inputs()), base(*inputs()))
+
+
+def test_regen_equals_cache_and_holds_no_factors():
+    _, c = toy()
+    _, r = toy(mode="regen")
+    set_z(c, 3)
+    set_z(r, 3)
+    assert torch.equal(c(*inputs()), r(*inputs()))
+    assert latent.factor_bytes(r) == 0
+    assert latent.factor_bytes(c) == latent.factor_bytes(r, held=False) == 4 * 6 * ((50 + 8) + (8 + 18) + (12 + 8))
+    assert not any(k.endswith((".A", ".Bt")) for k in c.state_dict()), "factors are never saved"
+
+
+@pytest.mark.parametrize("form", ["matrix", "flat"])
+def test_averaging_latents_is_averaging_weights(form):
+    _, m = toy(form=form, k=10)
+    zs = [torch.randn(m.z.shape, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in range(5)]
+    w = torch.tensor([3.0, 1.0, 7.0, 2.0, 5.0], dtype=torch.float64) / 18
+    z_mean = sum(wk * z for wk, z in zip(w, zs))
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+        each = [latent.materialize(m, z.to(dtype), dtype) for z in zs]
+        ref = latent.materialize(m, z_mean.to(dtype), dtype)
+        for k, W in ref.items():
+            avg = sum(wk.to(dtype) * e[k] for wk, e in zip(w, each))
+            assert (avg - W).abs().max().item() < tol, (dtype, k)
+    # the forward uses exactly the materialized weights (matrix form: through its low-rank path)
+    set_z(m, 4)
+    W = latent.materialize(m)
+    x = torch.randn(3, 8)
+    assert torch.allclose(m.lin(x), x @ W["lin.weight"].t() + m.lin.base.bias, atol=1e-6)
+
+
+def test_live_dim_is_the_rank_of_the_map():
+    for form, k, live in (("matrix", 0, 36), ("flat", 10, 6), ("flat", 4, 4)):
+        _, m = toy(form=form, k=k)
+        layer = m.lin
+        J = torch.stack([layer.delta(e).reshape(-1) for e in torch.eye(layer.k)])       # k x (rows cols)
+        assert torch.linalg.matrix_rank(J).item() == layer.live_dim() == live
+        assert latent.info(m)["live"] == 3 * live
+
+
+def test_gradients_reach_only_z():
+    _, m = toy()
+    set_z(m, 2)
+    m(*inputs()).square().sum().backward()
+    assert [n for n, p in m.named_parameters() if p.requires_grad] == ["z"]
+    assert m.z.grad is not None and m.z.grad.abs().sum() > 0
+    assert all(p.grad is None for n, p in m.named_parameters() if n != "z")
+
+
+FACTOR_HASH = """
+import hashlib, torch, torch.nn as nn
+from lightfed.models import latent
+torch.manual_seed(0)
+m = latent.install(nn.Sequential(nn.Embedding(50, 8), nn.Conv2d(2, 8, 3), nn.Linear(8, 12)),
+                   layers="linear,conv,embedding", seed={seed})
+h = hashlib.sha256()
+for _, l in latent.latent_layers(m):
+    h.update(l.A.numpy().tobytes()); h.update(l.Bt.numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_factors_regenerate_identically_in_another_process():
+    code = FACTOR_HASH.format(seed=SEED)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out.getvalue().strip() == there and len(there) == 64
+    A = latent.make_factors(latent.layer_seed(SEED, 0), 50, 8, 6)[0]
+    assert not torch.equal(A, latent.make_factors(latent.layer_seed(SEED - 1, 0), 50, 8, 6)[0])
+
+
+# --- the method -----------------------------------------------------------------------------------
+def flite(**opts):
+    T = tiny_task("fmnist")
+    cfg = tiny_config("fmnist", "flite", method_options={"seed": SEED, **opts})
+    m = methods.build(cfg)
+    return T, cfg, m, m.prepare(copy.deepcopy(T.model))
+
+
+def test_head_is_frozen_orthogonal_and_off_the_wire():
+    T, cfg, m, model = flite(codec="int4")
+    assert set(m.up_schema()) == set(m.down_schema()) == {"z"}
+    K = model.z.numel()
+    assert m.up_schema()["z"] == Spec("tensor", (K,), "int4")
+    state = m.init_state(model)
+    assert torch.equal(state["z"], torch.zeros(K))
+    W = model.head.weight                                                         # (10, 16): orthonormal rows
+    assert not W.requires_grad and torch.allclose(W @ W.t(), torch.eye(10), atol=1e-5)
+    assert torch.equal(model.head.bias, torch.zeros(10))
+    _, _, _, again = flite()
+    assert torch.equal(again.head.weight, W), "the head is regenerated from the factor seed"
+    _, _, mt, _ = flite(head="trainable")
+    assert set(mt.up_schema()) == {"z", "head.weight", "head.bias"}
+
+
+@pytest.mark.parametrize("codec", ["int4", "int8"])
+def test_latent_round_trip_on_the_wire(codec):
+    _, _, m, model = flite(codec=codec)
+    K = model.z.numel()
+    z = torch.randn(K, generator=torch.Generator().manual_seed(5))
+    blob = encode({"z": z}, m.up_schema(), kind="flite/up")
+    qmax = 7 if codec == "int4" else 127
+    payload = (K + 1) // 2 if codec == "int4" else K
+    assert len(blob) == encoded_size(m.up_schema(), "flite/up") == payload + 31   # 31 B of header, CRC, scale
+    assert 31 < 0.05 * 640, "header < 5% of a 1,280-latent int4 payload"
+    back = decode(blob, m.up_schema(), kind="flite/up", max_bytes=10**6)["z"]
+    assert (back - z).abs().max() <= z.abs().max() / qmax / 2 + 1e-7
+
+
+def test_client_update_changes_only_z_and_stochastic_rounding_is_on_the_grid():
+    T, cfg, m, model = flite(codec="int4", stochastic=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = m.init_state(model)
+    state["z"] = torch.randn(model.z.shape, generator=torch.Generator().manual_seed(0)) * 0.1
+    down = P.broadcast(m, state, 1)
+    ctx = ClientContext(0, 1, 123, cfg, T.loss, {})
+    up, stats = P.client_round(m, model, down, subset(T.train, range(16)), ctx, cfg.max_message_bytes)
+    assert len(up) == encoded_size(P.up_schema(m), "flite/up") and stats["steps"] == 2
+    after = model.state_dict()
+    assert set(after) == set(before)
+    assert [k for k in after if not torch.equal(after[k], before[k])] == ["z"]
+    # the client's stochastic rounding leaves values the wire's nearest rounding keeps exactly
+    z_up = decode(up, P.up_schema(m), kind="flite/up", max_bytes=10**6)["z"]
+    trained = model.z.detach()
+    fields, _ = m.client_update(model, decode(down, m.down_schema(), kind="flite/down", max_bytes=10**6),
+                                subset(T.train, range(16)), ClientContext(0, 1, 123, cfg, T.loss, {}))
+    assert torch.equal(fields["z"], z_up)
+    assert not torch.equal(z_up, trained) and (z_up - trained).abs().max() <= trained.abs().max() / 7 + 1e-6
+
+
+def test_stochastic_rounding_is_unbiased():
+    from lightfed.seeds import generator
+    _, _, m, _ = flite(codec="int4", stochastic=True)
+    z = torch.linspace(-1, 1, 64)
+    mean = sum(m._round({"z": z}, generator(0, i))["z"] for i in range(400)) / 400
+    assert (mean - z).abs().max() < 0.05                  # nearest rounding is off by up to 1/14
+    assert torch.equal(m.broadcast({"z": z}, 3)["z"], m.broadcast({"z": z}, 3)["z"])
+    assert not torch.equal(m.broadcast({"z": z}, 3)["z"], m.broadcast({"z": z}, 4)["z"])
