@@ -138,7 +138,8 @@ def main(argv=None) -> int:
             return cmd_list()
         if a.cmd == "pretrain":
             from lightfed.tasks import pretrain_fmnist
-            pretrain_fmnist((32, 64, 128), a.epochs)
+            from lightfed.tasks import WIDTHS
+            pretrain_fmnist(WIDTHS, a.epochs)
             return 0
     except (C.ConfigError, AssetMissing) as e:
         print(f"lightfed: error: {e}", file=sys.stderr)
