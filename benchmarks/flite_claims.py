@@ -56,7 +56,7 @@ QUICK = {"sentiment": {"rounds": 1, "task_options": {"train_size": 100, "test_si
          "austen": {"rounds": 1, "task_options": {"train_blocks": 30, "test_blocks": 12, "block_len": 32}}}
 
 
-def grid_for(tasks, quick, partitions):
+def grid_for(tasks, quick, partitions, name="flite_claims"):
     grid = []
     for t in tasks:
         base = {**TASKS[t], "seed": 0, "progress": False}
@@ -78,7 +78,7 @@ def grid_for(tasks, quick, partitions):
                        "task_options": {**base["task_options"], **extra.get("task_options", {})}}
                 grid.append((f"{t} | iid | {label}", cfg))
     for i, (label, cfg) in enumerate(grid):
-        cfg["out"] = f"runs/bench-flite/{i:02d}"
+        cfg["out"] = f"runs/bench-{name}/{i:02d}"
     return grid
 
 
@@ -113,15 +113,16 @@ def main(argv=None):
     ap.add_argument("--partitions", default="iid,dirichlet:0.1")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--name", default="flite_claims", help="results file name (benchmarks/results/NAME.*)")
     a = ap.parse_args(argv)
     tasks = a.tasks.split(",")
-    grid = grid_for(tasks, a.quick, a.partitions.split(","))
+    grid = grid_for(tasks, a.quick, a.partitions.split(","), a.name + ("_quick" if a.quick else ""))
     t0 = time.time()
     if "fmnist" in tasks:   # build our own fmnist base once, before the workers (each would otherwise build it)
         from lightfed.tasks import WIDTHS, FmnistOptions, pretrain_fmnist
         pretrain_fmnist(WIDTHS, FmnistOptions().pretrain_epochs)
     summaries = run_grid(grid, workers=a.workers)
-    name = "flite_claims" + ("_quick" if a.quick else "")
+    name = a.name + ("_quick" if a.quick else "")
     runs = []
     for (label, cfg), s in zip(grid, summaries):
         task, part, mlabel = [x.strip() for x in label.split("|")]
@@ -138,7 +139,7 @@ def main(argv=None):
     ok = [r for r in runs if "error" not in r]
     verdicts = targets(ok)
     md = [f"# FLITE claims ({time.strftime('%Y-%m-%d %H:%M')})", "",
-          f"Command: `python benchmarks/flite_claims.py{' --quick' if a.quick else ''} --tasks {a.tasks} --partitions {a.partitions}`  ",
+          f"Command: `python benchmarks/flite_claims.py{' --quick' if a.quick else ''} --tasks {a.tasks} --partitions {a.partitions} --name {a.name}`  ",
           f"{a.workers} runs side by side, 1 torch thread each; wall {(time.time() - t0) / 60:.1f} min. Settings per task:", ""]
     for t in tasks:
         md.append(f"- {t}: `{json.dumps({**TASKS[t], **(QUICK[t] if a.quick else {})})}`")
