@@ -36,7 +36,7 @@ class RunConfig:
     optimizer: str = "adamw"        # adamw | sgd
     weight_decay: float = 0.0
     eval_every: int = 1
-    max_message_bytes: int = 512 * 2**20   # decode refuses anything larger
+    max_message_bytes: int = 2**30          # decode refuses anything larger (SmolLM2 in fp32: 538 MB)
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>
     progress: bool = True
     method_options: dict[str, Any] = field(default_factory=dict)
