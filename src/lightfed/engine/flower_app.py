@@ -2,10 +2,12 @@
 
 The round is the in-process engine's round (engine/protocol.py), with Flower carrying the bytes:
 
-    ServerApp   down = protocol.broadcast(...)   -> ConfigRecord{"down": bytes, round, cid, config}
+    ServerApp   down = protocol.broadcast(...)   -> "lightfed": ConfigRecord{"down": bytes}
+                                                    "lightfed-meta": ConfigRecord{round, cid, config digest}
                                                     one Message per sampled client (local.sample_clients)
     ClientApp   up, stats = protocol.client_round(...) with local's ClientContext (same derive_seed)
-                                                 -> ConfigRecord{"up": bytes} + MetricRecord(stats)
+                                                 -> "lightfed": ConfigRecord{"up": bytes}, "lightfed-meta",
+                                                    "stats": MetricRecord (numbers), "measure": MetricRecord
     ServerApp   state, report = protocol.aggregate(method, state, uploads in client order, ...)
 
 so the final model and the metrics equal the in-process engine's for the same config, seed and
@@ -45,7 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -55,7 +57,9 @@ from lightfed import config as C
 
 RUN_CONFIG_KEY = "lightfed-config"     # run config: the lightfed RunConfig as JSON text (or a path to a TOML/JSON file)
 OUT_KEY = "lightfed-out"               # run config: results folder of the ServerApp (absolute path advised)
-REC = "lightfed"                       # the ConfigRecord holding lightfed's bytes in every message
+REC = "lightfed"                       # the ConfigRecord holding lightfed's bytes ("down" / "up"), and nothing else
+META = "lightfed-meta"                 # round, client id, config digest (apart: the broadcast record is then the
+                                       # same object for every client, which Flower stores and ships once)
 STATE_REC = "lightfed-client-state"    # Context.state record holding a client's ClientContext.state
 FAULTS_ENV = "LIGHTFED_FLOWER_FAULTS"  # e.g. "raise@1:2,sleep@2:0:30,exit@1:3" (kind@round:client[:seconds])
 SAFE_ENV = {                           # see docs/flower.md: offline, loopback only, nothing pulled at run time
@@ -64,6 +68,7 @@ SAFE_ENV = {                           # see docs/flower.md: offline, loopback o
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_TELEMETRY_ENABLED": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
 }
 
 
@@ -192,10 +197,18 @@ def unpack_stats(content: RecordDict) -> dict:
     return out
 
 
-def message_bytes(msg: Message) -> int:
-    """Bytes of the objects Flower ships for a Message (it pushes each deflated object)."""
+def message_bytes(msg: Message, sizes: dict | None = None) -> int:
+    """Bytes of the objects Flower ships for a Message: it pushes each object, deflated, once (objects
+    are content-addressed). Call inside flwr's no_object_id_recompute() with one `sizes` cache per round:
+    then a broadcast record shared by all messages is serialized and hashed once, not once per message."""
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-    return sum(len(o.deflate()) for o in get_all_nested_objects(msg).values())
+    sizes = {} if sizes is None else sizes
+    total = 0
+    for oid, o in get_all_nested_objects(msg).items():
+        if oid not in sizes:
+            sizes[oid] = len(o.deflate())
+        total += sizes[oid]
+    return total
 
 
 # --- the client side ---------------------------------------------------------------------------
@@ -203,11 +216,11 @@ _SETUP: dict[str, Any] = {}           # one built task + method + model per clie
 
 
 def _setup(cfg: C.RunConfig, opts: Options):
+    import torch
+    torch.set_num_threads(opts.client_threads)      # every call: OpenMP thread counts are per calling thread
     key = digest(cfg)
     if key not in _SETUP:
-        import torch
         from lightfed.engine import local
-        torch.set_num_threads(opts.client_threads)
         _SETUP.clear()
         _SETUP[key] = local.build(cfg)
     return _SETUP[key]
@@ -228,6 +241,15 @@ def _save_client_state(context: Context, cid: int, state: dict) -> None:
     context.state[STATE_REC] = ConfigRecord({"cid": cid, "tensors": save({k: v.contiguous() for k, v in state.items()})})
 
 
+def _process_age() -> float | None:
+    """Seconds since this process started (a deployment starts one client-app process per message)."""
+    try:
+        import psutil
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - a measurement only
+        return None
+
+
 def _partition_id(context: Context) -> int | None:
     v = context.node_config.get("partition-id")
     return None if v is None else int(v)
@@ -246,14 +268,16 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
     from lightfed.methods.base import ClientContext
 
     cfg = cfg if cfg is not None else config_from_run_config(context.run_config)
-    rec = msg.content[REC]
-    rnd, cid, down = int(rec["round"]), int(rec["cid"]), rec["down"]
-    if rec["config"] != digest(cfg):
-        raise RuntimeError(f"this node's lightfed config ({digest(cfg)}) is not the server's ({rec['config']})")
+    meta, down = msg.content[META], msg.content[REC]["down"]
+    rnd, cid = int(meta["round"]), int(meta["cid"])
+    if meta["config"] != digest(cfg):
+        raise RuntimeError(f"this node's lightfed config ({digest(cfg)}) is not the server's ({meta['config']})")
     pid = _partition_id(context)
     if pid is not None and pid != cid:
         raise RuntimeError(f"message for client {cid} reached the node of partition-id {pid}")
+    t_build = time.perf_counter()
     S = _setup(cfg, options(cfg))
+    build_s = time.perf_counter() - t_build             # 0 when this process built it before (simulation actors)
     state = _load_client_state(context, cid)
     ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
     data = subset(S.task.train, S.shards[cid])
@@ -264,9 +288,11 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
     _inject(faults, rnd, cid)
     _save_client_state(context, cid, ctx.state)
     content = pack_stats(stats)
-    content[REC] = ConfigRecord({"up": up, "round": rnd, "cid": cid})
-    content["measure"] = MetricRecord({"seconds": seconds, **{k: v for k, v in (("rss_peak", mem.peak),
-                                                                                 ("rss_rise", mem.rise)) if v is not None}})
+    content[REC] = ConfigRecord({"up": up})
+    content[META] = ConfigRecord({"round": rnd, "cid": cid})
+    content["measure"] = MetricRecord({"seconds": seconds, "build_seconds": build_s, **{
+        k: v for k, v in (("rss_peak", mem.peak), ("rss_rise", mem.rise), ("process_age", _process_age()))
+        if v is not None}})
     return Message(content, reply_to=msg)
 
 
@@ -282,11 +308,14 @@ def discover(grid: Grid, cfg: C.RunConfig, opts: Options, known: dict, log) -> d
     while True:
         new = [n for n in grid.get_node_ids() if n not in known]
         if new:
-            msgs = [Message(RecordDict({REC: ConfigRecord({"config": digest(cfg)})}), dst_node_id=n,
+            msgs = [Message(RecordDict({META: ConfigRecord({"config": digest(cfg)})}), dst_node_id=n,
                             message_type=MessageType.QUERY, group_id="discover") for n in new]
-            for r in grid.send_and_receive(msgs, timeout=opts.round_timeout or None):
-                src = r.metadata.src_node_id
-                known[src] = None if r.has_error() else int(r.content[REC]["partition-id"])
+            replies = list(grid.send_and_receive(msgs, timeout=opts.round_timeout or None))
+            sent = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+            for r in replies:
+                node = sent.get(r.metadata.reply_to_message_id)
+                if node is not None:
+                    known[node] = None if r.has_error() else int(r.content[REC]["partition-id"])
         mapping: dict[int, int] = {}
         for node in sorted(known):
             pid = known[node]
@@ -312,6 +341,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     from tqdm import tqdm
     from lightfed.engine import local
     from lightfed.engine import protocol as P
+    from flwr.supercore.inflatable.inflatable_object import no_object_id_recompute
     from lightfed.measure import Clock
 
     local.check(cfg)
@@ -351,45 +381,52 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
         if any(c not in nodes for c in sampled):              # a node may have (re)connected since
             nodes = discover(grid, cfg, Options(**{**opts.__dict__, "node_wait": 0.0}), known, log)
             by_node = {n: c for c, n in nodes.items()}
-        dropped, msgs, env_down = [], [], {}
-        for cid in sampled:
-            if cid not in nodes:
-                dropped.append({"id": cid, "down": 0, "error": "no SuperNode with this partition-id"})
-                continue
-            m = Message(RecordDict({REC: ConfigRecord({"down": down, "round": rnd, "cid": cid, "config": key})}),
-                        dst_node_id=nodes[cid], message_type=MessageType.TRAIN, group_id=str(rnd))
-            if opts.envelope:
-                env_down[cid] = message_bytes(m) - len(down)
-            msgs.append(m)
+        with clock("messages"), no_object_id_recompute():   # building them, and measuring Flower's envelope
+            dropped, msgs, env_down, sizes = [], [], {}, {}
+            down_rec = ConfigRecord({"down": down})
+            for cid in sampled:
+                if cid not in nodes:
+                    dropped.append({"id": cid, "down": 0, "error": "no SuperNode with this partition-id"})
+                    continue
+                m = Message(RecordDict({REC: down_rec, META: ConfigRecord({"round": rnd, "cid": cid, "config": key})}),
+                            dst_node_id=nodes[cid], message_type=MessageType.TRAIN, group_id=str(rnd))
+                if opts.envelope:
+                    env_down[cid] = message_bytes(m, sizes) - len(down)
+                msgs.append(m)
         with clock("wait"):
             replies = list(grid.send_and_receive(msgs, timeout=opts.round_timeout or None))
-        got: dict[int, Message] = {}
-        for r in replies:
-            cid = by_node.get(r.metadata.src_node_id)
-            if cid is None:
-                continue
-            if r.has_error():
-                dropped.append({"id": cid, "down": len(down), "error": _error_text(r)})
-            elif int(r.content[REC]["round"]) != rnd or int(r.content[REC]["cid"]) != cid:
-                dropped.append({"id": cid, "down": len(down), "error": "reply for another round or client"})
-            else:
-                got[cid] = r
-        for cid in sampled:
-            if cid in nodes and cid not in got and all(d["id"] != cid for d in dropped):
-                dropped.append({"id": cid, "down": len(down), "error": f"no reply within {opts.round_timeout:g} s"})
-        uploads = []
-        for cid in sorted(got):                               # the in-process engine's order
-            r = got[cid]
-            up = r.content[REC]["up"]
-            meas = r.content["measure"]
-            uploads.append((cid, up))
-            clock.total["client"] = clock.total.get("client", 0.0) + float(meas["seconds"])
-            c = {"id": cid, "up": len(up), "down": len(down), "rss_peak": meas.get("rss_peak"),
-                 "rss_rise": meas.get("rss_rise"), **unpack_stats(r.content)}
-            c["flower"] = {"down_envelope": env_down.get(cid), "seconds": float(meas["seconds"]),
-                           "up_envelope": message_bytes(r) - len(up) if opts.envelope else None}
-            rec["clients"].append(c)
-            bar.update(1)
+        with clock("replies"), no_object_id_recompute():
+            got: dict[int, Message] = {}
+            sent = {m.metadata.message_id: by_node[m.metadata.dst_node_id] for m in msgs}
+            for r in replies:
+                cid = sent.get(r.metadata.reply_to_message_id)
+                if cid is None:
+                    continue
+                if r.has_error():
+                    dropped.append({"id": cid, "down": len(down), "error": _error_text(r)})
+                elif int(r.content[META]["round"]) != rnd or int(r.content[META]["cid"]) != cid:
+                    dropped.append({"id": cid, "down": len(down), "error": "reply for another round or client"})
+                else:
+                    got[cid] = r
+            for cid in sampled:
+                if cid in nodes and cid not in got and all(d["id"] != cid for d in dropped):
+                    dropped.append({"id": cid, "down": len(down), "error": "no reply" + (
+                        f" within round_timeout = {opts.round_timeout:g} s" if opts.round_timeout else "")})
+            uploads = []
+            for cid in sorted(got):                               # the in-process engine's order
+                r = got[cid]
+                up = r.content[REC]["up"]
+                meas = r.content["measure"]
+                uploads.append((cid, up))
+                clock.total["client"] = clock.total.get("client", 0.0) + float(meas["seconds"])
+                c = {"id": cid, "up": len(up), "down": len(down), "rss_peak": meas.get("rss_peak"),
+                     "rss_rise": meas.get("rss_rise"), **unpack_stats(r.content)}
+                c["flower"] = {"down_envelope": env_down.get(cid),
+                               "up_envelope": message_bytes(r) - len(up) if opts.envelope else None,
+                               "seconds": float(meas["seconds"]), "build_seconds": float(meas.get("build_seconds", 0.0)),
+                               "process_age": meas.get("process_age")}
+                rec["clients"].append(c)
+                bar.update(1)
         with clock("server"):
             state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
                                         min_clients=cfg.min_clients)
@@ -430,7 +467,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     summary["engine"] = engine
     summary["flower"] = {
         "dropped": sum(len(h["dropped"]) for h in rounds),
-        "dropped_by_round": {h["round"]: [d["id"] for d in h["dropped"]] for h in rounds if h["dropped"]},
+        "dropped_by_round": {str(h["round"]): [d["id"] for d in h["dropped"]] for h in rounds if h["dropped"]},
         "envelope_up_per_client_round": mean([c["flower"]["up_envelope"] for c in cl if c["flower"]["up_envelope"] is not None]),
         "envelope_down_per_client_round": mean([c["flower"]["down_envelope"] for c in cl
                                                 if c["flower"]["down_envelope"] is not None]),
@@ -489,12 +526,44 @@ def flower_environment():
     try:
         yield tmp
     finally:
+        _stop_leftovers(str(tmp))
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_leftovers(marker: str, wait: float = 15.0) -> None:
+    """Ray's processes of this run (their command line or their RAY_TMPDIR names our per-run temp folder)
+    exit shortly after ray.shutdown(); wait for that, then stop any that did not, by pid."""
+    try:
+        import psutil
+    except ImportError:
+        return
+
+    def ours():
+        out = []
+        for p in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if any(marker in a for a in (p.info["cmdline"] or ())) or marker in p.environ().get("RAY_TMPDIR", ""):
+                    out.append(p)
+            except (psutil.Error, TypeError):
+                pass
+        return out
+
+    deadline = time.monotonic() + wait
+    while (left := ours()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    for sig in ("terminate", "kill"):
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                getattr(p, sig)()
+        if left:
+            _, left = psutil.wait_procs(left, timeout=5)
 
 
 def run_simulation(cfg: C.RunConfig, *, faults=(), log=print) -> dict:
@@ -533,6 +602,52 @@ def run_config_toml(cfg: C.RunConfig, out: str = "") -> str:
     return text
 
 
+# --- the same run on two engines? ----------------------------------------------------------------
+MEASURED = ("rss_peak", "rss_rise", "flower")      # per-client fields that are measurements, not results
+
+
+def compare(a: str | Path, b: str | Path) -> list[str]:
+    """Differences between two results folders: final global state (bit for bit), metric history, and
+    per round: sampled clients, their byte counts and stats, accepted / refused. [] = the same run."""
+    import torch
+    from safetensors.torch import load_file
+
+    def final_state(d: Path):
+        meta = json.loads((d / "ckpt" / "latest.json").read_text())
+        return load_file(d / "ckpt" / meta["dir"] / "state.safetensors")
+
+    a, b = Path(a), Path(b)
+    diffs = []
+    sa, sb = final_state(a), final_state(b)
+    if sa.keys() != sb.keys() or not all(torch.equal(sa[k], sb[k]) for k in sa):
+        diffs.append("final global state differs")
+    ra = [json.loads(l) for l in (a / "metrics.jsonl").read_text().splitlines()]
+    rb = [json.loads(l) for l in (b / "metrics.jsonl").read_text().splitlines()]
+    if len(ra) != len(rb):
+        return diffs + [f"{len(ra)} vs {len(rb)} rounds recorded"]
+    metric = json.loads((a / "summary.json").read_text())["metric"]
+    for x, y in zip(ra, rb):
+        r = x["round"]
+        if x.get(metric) != y.get(metric):
+            diffs.append(f"round {r}: {metric} {x.get(metric)} vs {y.get(metric)}")
+        if r == 0:
+            continue
+        cx = {c["id"]: {k: v for k, v in c.items() if k not in MEASURED} for c in x["clients"]}
+        cy = {c["id"]: {k: v for k, v in c.items() if k not in MEASURED} for c in y["clients"]}
+        if cx.keys() != cy.keys():
+            diffs.append(f"round {r}: clients {sorted(cx)} vs {sorted(cy)}")
+        for cid in sorted(cx.keys() & cy.keys()):
+            for k in ("up", "down"):
+                if cx[cid][k] != cy[cid][k]:
+                    diffs.append(f"round {r}: client {cid}: {k} {cx[cid][k]} vs {cy[cid][k]} bytes")
+            if {k: v for k, v in cx[cid].items() if k not in ("up", "down")} != \
+                    {k: v for k, v in cy[cid].items() if k not in ("up", "down")}:
+                diffs.append(f"round {r}: client {cid}: stats differ")
+        if x["accepted"] != y["accepted"] or [e["id"] for e in x["rejected"]] != [e["id"] for e in y["rejected"]]:
+            diffs.append(f"round {r}: accepted/refused differ")
+    return diffs
+
+
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m lightfed.engine.flower_app",
@@ -545,7 +660,17 @@ def main(argv=None) -> int:
     r.add_argument("--task-opt", action="append", default=[], metavar="KEY=VALUE", help="a task option")
     r.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE", help="a Flower engine option")
     r.add_argument("--out", default="", help="results folder written by the ServerApp")
+    cp = sub.add_parser("compare", help="exit 1 unless two results folders hold the same run (state, metrics, bytes)")
+    cp.add_argument("a")
+    cp.add_argument("b")
     a = p.parse_args(argv)
+    if a.cmd == "compare":
+        diffs = compare(a.a, a.b)
+        for d in diffs:
+            print(f"lightfed: {a.a} vs {a.b}: {d}", file=sys.stderr)
+        if not diffs:
+            print(f"lightfed: {a.a} == {a.b}: same final state, metrics and bytes per client and round", file=sys.stderr)
+        return 1 if diffs else 0
     try:
         cfg = C.load_toml(a.config) if a.config else C.RunConfig()
         cfg = C.from_dict(dict(C.parse_assignment(s) for s in a.set), cfg)

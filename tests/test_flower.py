@@ -1,0 +1,194 @@
+"""The Flower engine (engine/flower_app.py): the same bytes and the same result as the in-process engine.
+
+The equality holds for the same config, seed and torch thread count: CPU kernels may add up in another
+order with another number of threads. These tests run both engines with 1 thread.
+"""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_task
+from lightfed import config as C
+from lightfed import methods
+from lightfed.cli import main
+from lightfed.engine import local
+
+pytest.importorskip("flwr", reason="Flower not installed (pip install -e '.[flower]')")
+from flwr.app import ConfigRecord, MetricRecord, RecordDict  # noqa: E402
+
+from lightfed.engine import flower_app as F  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+quiet = lambda *a: None  # noqa: E731
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# --- pieces, no Flower runtime ----------------------------------------------------------------
+def test_stats_travel_as_numbers_and_come_back_equal():
+    stats = {"steps": 2, "samples": 16, "train_loss": 0.6233682334423065, "flops": 28317696.0,
+             "memory_accounted": {"params": 4049672, "grads": 4041480}, "forwards_per_step": {"f1": 2, "f2": 8},
+             "maybe": None, "note": "text", "a.b": 1, "per_step": [0.5, 0.25]}
+    rd = F.pack_stats(stats)
+    assert all(isinstance(v, (int, float, list)) for v in rd["stats"].values())
+    # through Flower's own serialization, as on the wire
+    rd2 = RecordDict({k: type(v).inflate(v.deflate()) for k, v in rd.items()})
+    assert F.unpack_stats(rd2) == stats
+
+
+def test_lightfed_bytes_survive_flower_records_exactly():
+    blob = bytes(range(256)) * 41 + b"\x00\xff"
+    rec = ConfigRecord({"down": blob, "round": 3, "cid": 7, "config": "abc"})
+    back = ConfigRecord.inflate(rec.deflate())
+    assert back["down"] == blob and back["round"] == 3 and back["cid"] == 7
+    m = MetricRecord({"i": 2**40, "f": 0.1})
+    mb = MetricRecord.inflate(m.deflate())
+    assert mb["i"] == 2**40 and isinstance(mb["i"], int) and mb["f"] == 0.1
+
+
+def test_run_config_carries_the_whole_config():
+    cfg = tiny_config("fmnist", "fedprox", method_options={"mu": 0.1}, engine_options={"round_timeout": 30.0})
+    import tomllib
+    rc = tomllib.loads(F.run_config_toml(cfg, "/tmp/x"))
+    back = F.config_from_run_config(rc)
+    assert back.to_dict() == cfg.to_dict() and rc[F.OUT_KEY] == "/tmp/x"
+    other = C.from_dict({"out": "elsewhere", "progress": True}, cfg)
+    assert F.digest(other) == F.digest(cfg), "where results go does not change what clients compute"
+    assert F.digest(C.from_dict({"seed": 1}, cfg)) != F.digest(cfg)
+    with pytest.raises(C.ConfigError, match=F.RUN_CONFIG_KEY):
+        F.config_from_run_config({F.RUN_CONFIG_KEY: ""})
+
+
+@pytest.mark.parametrize("opts, msg", [({"client_threads": 0}, "client_threads"), ({"nope": 1}, "no option 'nope'"),
+                                       ({"round_timeout": -1.0}, "round_timeout"), ({"client_cpus": 0.0}, "client_cpus")])
+def test_engine_options_are_checked(opts, msg):
+    with pytest.raises(C.ConfigError, match=msg):
+        F.options(tiny_config(engine_options=opts))
+
+
+def test_faults_parse():
+    assert F.parse_faults("raise@1:2, sleep@2:0:30,exit@3:1") == (
+        F.Fault("raise", 1, 2), F.Fault("sleep", 2, 0, 30.0), F.Fault("exit", 3, 1))
+    assert F.parse_faults("") == ()
+    with pytest.raises(ValueError):
+        F.parse_faults("melt@1:1")
+
+
+def test_cli_engine_flag(tmp_path):
+    assert main(["run", "--resume", str(tmp_path), "--engine", "flower-sim"]) == 2
+    assert main(["run", "--task", "fmnist", "--engine", "flower-sim", "--set", "engine_options={client_threads=0}",
+                 "--out", str(tmp_path / "x")]) == 2
+
+
+def test_run_config_command_writes_a_flwr_run_config(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "lightfed.engine.flower_app", "run-config", "--set", "rounds=3",
+                        "--set", "method=lora", "--task-opt", "tiny=true", "--out", str(tmp_path)],
+                       capture_output=True, text=True, check=True)
+    import tomllib
+    cfg = F.config_from_run_config(tomllib.loads(p.stdout))
+    assert (cfg.rounds, cfg.method, cfg.task_options) == (3, "lora", {"tiny": True})
+
+
+# --- the Simulation Engine (Ray; each test starts and stops its own) ----------------------------
+def test_flower_simulation_equals_the_local_engine(tmp_path):
+    """FedAvg on tiny sentiment: same final model, metrics and bytes per client and round."""
+    tiny_task("sentiment")
+    kw = dict(rounds=2, clients=4, fraction=0.5)
+    with torch_threads(1):
+        s_local = local.run(tiny_config("sentiment", "fedavg", tmp_path / "local", **kw), log=quiet)
+        s_fl = F.run_simulation(tiny_config("sentiment", "fedavg", tmp_path / "flower", **kw,
+                                            engine_options={"client_threads": 1, "client_cpus": 1.0}), log=quiet)
+    for f in ("config.json", "setup.json", "metrics.jsonl", "summary.json"):
+        assert (tmp_path / "flower" / f).is_file(), f
+    assert F.compare(tmp_path / "flower", tmp_path / "local") == []
+    assert s_fl["history"] == s_local["history"] and s_fl["bytes"] == s_local["bytes"]
+    assert s_fl["engine"] == "flower-sim" and s_fl["flower"]["dropped"] == 0
+    fl, lo = records(tmp_path / "flower"), records(tmp_path / "local")
+    per_client = lambda rs: [(r["round"], c["id"], c["up"], c["down"]) for r in rs[1:] for c in r["clients"]]  # noqa: E731
+    assert per_client(fl) == per_client(lo) and len(per_client(fl)) == 4
+    # Flower's envelope is reported apart, and is small next to lightfed's bytes
+    for r in fl[1:]:
+        for c in r["clients"]:
+            assert 0 < c["flower"]["up_envelope"] < 4096 and 0 < c["flower"]["down_envelope"] < 4096
+
+
+def test_a_client_that_crashes_is_dropped_and_the_run_finishes(tmp_path):
+    """Client 2 raises in round 1 after training: the round aggregates the 3 others, records the drop,
+    and ends where the in-process engine ends when that upload is lost on the wire."""
+    tiny_task("fmnist")
+    kw = dict(rounds=2, clients=4, fraction=1.0, min_clients=2)
+    victim = 2
+    with torch_threads(1):
+        s = F.run_simulation(tiny_config("fmnist", "fedavg", tmp_path / "flower", **kw), log=quiet,
+                             faults=[F.Fault("raise", 1, victim)])
+        local.run(tiny_config("fmnist", "fedavg", tmp_path / "local", **kw), log=quiet,
+                  tamper=lambda r, c, b: b[:-1] if (r, c) == (1, victim) else b)
+    r1, r2 = records(tmp_path / "flower")[1:]
+    assert [d["id"] for d in r1["dropped"]] == [victim] and "injected fault" in r1["dropped"][0]["error"]
+    assert r1["accepted"] == 3 and [c["id"] for c in r1["clients"]] == [0, 1, 3] and "failed" not in r1
+    assert r2["dropped"] == [] and r2["accepted"] == 4
+    assert s["flower"]["dropped"] == 1 and s["flower"]["dropped_by_round"] == {"1": [victim]}
+    diffs = F.compare(tmp_path / "flower", tmp_path / "local")
+    # the local run refused the victim's bytes (so it lists it as a client that sent something): all else equal
+    assert all("round 1" in d for d in diffs) and "final global state differs" not in diffs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(methods.METHODS))
+def test_every_method_on_flower_sim_equals_the_local_engine(tmp_path, method):
+    """Every method, 3 rounds, every client in every round: what a client keeps between rounds
+    (error feedback, warm starts) lives in Flower's Context.state and must give the same result."""
+    task = "sentiment" if method == "vera" else "fmnist"       # VeRA adapts Linear layers only
+    tiny_task(task)
+    kw = dict(rounds=3, clients=2, fraction=1.0)
+    with torch_threads(1):
+        local.run(tiny_config(task, method, tmp_path / "local", **kw), log=quiet)
+        F.run_simulation(tiny_config(task, method, tmp_path / "flower", **kw), log=quiet)
+    assert F.compare(tmp_path / "flower", tmp_path / "local") == []
+
+
+@pytest.mark.slow
+def test_a_client_that_times_out_is_dropped(tmp_path):
+    tiny_task("fmnist")
+    cfg = tiny_config("fmnist", "fedavg", tmp_path, rounds=2, clients=2, fraction=1.0,
+                      engine_options={"round_timeout": 60.0})
+    with torch_threads(1):
+        s = F.run_simulation(cfg, log=quiet, faults=[F.Fault("sleep", 2, 1, 90.0)])
+    r2 = records(tmp_path)[2]
+    assert [d["id"] for d in r2["dropped"]] == [1] and "no reply within" in r2["dropped"][0]["error"]
+    assert r2["accepted"] == 1 and s["flower"]["dropped"] == 1
+
+
+# --- the Deployment Engine on loopback (SuperLink + SuperNodes as processes) ----------------------
+@pytest.mark.slow
+def test_deployment_with_tls_and_node_authentication(tmp_path):
+    """scripts/flower_deploy_demo.sh: TLS with a CA made on the spot, SuperNodes authenticated by their
+    registered EC keys; the result must equal the in-process engine's; every process is stopped."""
+    tiny_task("fmnist")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "flower_deploy_demo.sh"), "--tls", "--auth", "--check-local",
+                        "--work", str(tmp_path), "fedavg"], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": ""})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "same final state" in p.stderr
+    s = json.loads((tmp_path / "results" / "fedavg" / "summary.json").read_text())
+    assert s["engine"] == "flower-deployment" and s["flower"]["dropped"] == 0
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left running: {left}"
