@@ -427,26 +427,11 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
                                "process_age": meas.get("process_age")}
                 rec["clients"].append(c)
                 bar.update(1)
-        with clock("server"):
-            state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
-                                        min_clients=cfg.min_clients)
-        rec.update(report)
         rec["dropped"] = sorted(dropped, key=lambda d: d["id"])
         for d in rec["dropped"]:
             log(f"lightfed: round {rnd}: client {d['id']} dropped: {d['error']}")
-        for r in report["rejected"]:
-            log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")
-        if "failed" in report:
-            log(f"lightfed: round {rnd} failed: {report['failed']}")
-        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-            with clock("eval"):
-                method.load(model, state)
-                rec[task.metric] = task.evaluate(model, task.test)
-            bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
-        rec["time"] = {"round": 0.0, **clock.total}
-        history.append(rec)
-        with clock("checkpoint"):
-            local.save_checkpoint(out, rnd, state, {}, history)   # client states live on the clients
+        # client states live on the clients: the server checkpoints none
+        state = local.close_round(S, state, uploads, rnd, rec, clock, history, {}, out, bar, log)
         t = clock.total
         rec["time"] = {**t, "round": time.perf_counter() - t_round}
         # engine overhead: what is neither server, eval nor (visible) client work; clients run in parallel,

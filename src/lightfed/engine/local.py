@@ -162,23 +162,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
             rec["clients"].append({"id": cid, "up": len(up), "down": len(down), "rss_peak": mem.peak,
                                    "rss_rise": mem.rise, **stats})
             bar.update(1)
-        with clock("server"):
-            state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
-                                        min_clients=cfg.min_clients)
-        rec.update(report)
-        for r in report["rejected"]:
-            log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")
-        if "failed" in report:
-            log(f"lightfed: round {rnd} failed: {report['failed']}")
-        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-            with clock("eval"):
-                method.load(model, state)
-                rec[task.metric] = task.evaluate(model, task.test)
-            bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
-        rec["time"] = {"round": 0.0, **clock.total}
-        history.append(rec)
-        with clock("checkpoint"):
-            save_checkpoint(out, rnd, state, client_states, history)
+        state = close_round(S, state, uploads, rnd, rec, clock, history, client_states, out, bar, log)
         rec["time"] = {**clock.total, "round": time.perf_counter() - t_round}
         rec["time"]["engine"] = rec["time"]["round"] - sum(clock.total.get(k, 0) for k in ("client", "server", "eval"))
         with open(out / "metrics.jsonl", "a") as f:     # the complete record, checkpoint time included
@@ -191,6 +175,31 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
     summary = summarize(cfg, S, records, time.perf_counter() - t_start)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, history: list, client_states: dict,
+                out: Path, bar, log):
+    """The server's end of a round, the same in every engine: aggregate (refusing bad uploads), log,
+    evaluate, append the record to the history and checkpoint. Returns the new state."""
+    cfg, task, method, model = S.cfg, S.task, S.method, S.model
+    with clock("server"):
+        state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
+                                    min_clients=cfg.min_clients)
+    rec.update(report)
+    for r in report["rejected"]:
+        log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")
+    if "failed" in report:
+        log(f"lightfed: round {rnd} failed: {report['failed']}")
+    if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+        with clock("eval"):
+            method.load(model, state)
+            rec[task.metric] = task.evaluate(model, task.test)
+        bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
+    rec["time"] = {"round": 0.0, **clock.total}
+    history.append(rec)
+    with clock("checkpoint"):
+        save_checkpoint(out, rnd, state, client_states, history)
+    return state
 
 
 def _mean(xs):
