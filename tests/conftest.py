@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+import torch.nn as nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(2)
@@ -38,3 +39,30 @@ def tiny_task(name: str, seed: int = 0) -> tasks.Task:
         except assets.AssetMissing as e:
             pytest.skip(str(e))
     return _TASK_CACHE[(name, seed)]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread is faster, and far faster on a shared, busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Quadratic(nn.Module):
+    """L(theta) = 1/2 theta^T A theta + b^T theta, float64, A positive definite: grad = A theta + b."""
+
+    def __init__(self, d=40, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        m = torch.randn(d, d, generator=g, dtype=torch.float64)
+        self.register_buffer("A", m @ m.T / d + torch.eye(d, dtype=torch.float64))
+        self.register_buffer("b", torch.randn(d, generator=g, dtype=torch.float64))
+        self.theta = nn.Parameter(torch.randn(d, generator=g, dtype=torch.float64))
+
+    def forward(self):
+        return 0.5 * self.theta @ self.A @ self.theta + self.b @ self.theta
+
+    def f(self, theta):
+        return (0.5 * theta @ self.A @ theta + self.b @ theta).item()

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from conftest import tiny_config, tiny_task
+from conftest import Quadratic, tiny_config, tiny_task
 from lightfed import methods, tasks
 from lightfed.data.tensors import subset
 from lightfed.engine import protocol as P
@@ -22,26 +22,7 @@ from lightfed.optim import zeroth_order as zo
 from lightfed.wire import Spec, decode, encode
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster, and far faster on a shared, busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-class Quadratic(nn.Module):
-    def __init__(self, d=40, seed=0):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        m = torch.randn(d, d, generator=g, dtype=torch.float64)
-        self.register_buffer("A", m @ m.T / d + torch.eye(d, dtype=torch.float64))
-        self.register_buffer("b", torch.randn(d, generator=g, dtype=torch.float64))
-        self.theta = nn.Parameter(torch.randn(d, generator=g, dtype=torch.float64))
-
-    def forward(self):
-        return 0.5 * self.theta @ self.A @ self.theta + self.b @ self.theta
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_two_point_on_a_quadratic_is_z_dot_grad():
