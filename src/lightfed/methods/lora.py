@@ -37,6 +37,17 @@ def auto_targets(model: nn.Module) -> list[str]:
     raise ConfigError(f"lora: no default target layers for {type(model).__name__}; set targets=...")
 
 
+def resolve_targets(model: nn.Module, spec: str) -> list[str]:
+    """`targets` option -> module names: "auto" (AUTO_TARGETS by backbone) or a comma-separated list."""
+    return auto_targets(model) if spec == "auto" else [t.strip() for t in spec.split(",")]
+
+
+def train_only(model: nn.Module, marker: str, train_head: bool) -> None:
+    """Freeze everything but the adapter parameters (names containing `marker`) and, optionally, the head."""
+    for n, p in model.named_parameters():
+        p.requires_grad = marker in n or (train_head and n.startswith("head."))
+
+
 class LoRA(fedavg.FedAvg):
     name = "lora"
     Options = Options
@@ -45,9 +56,7 @@ class LoRA(fedavg.FedAvg):
         from peft import LoraConfig, inject_adapter_in_model
 
         o = self.opts
-        targets = auto_targets(model) if o.targets == "auto" else [t.strip() for t in o.targets.split(",")]
         model = inject_adapter_in_model(LoraConfig(r=o.r, lora_alpha=o.alpha, lora_dropout=o.dropout,
-                                                   target_modules=targets), model)
-        for n, p in model.named_parameters():
-            p.requires_grad = "lora_" in n or (o.train_head and n.startswith("head."))
+                                                   target_modules=resolve_targets(model, o.targets)), model)
+        train_only(model, "lora_", o.train_head)
         return super().prepare(model)

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from lightfed.config import ConfigError
 from lightfed.methods import fedavg
-from lightfed.methods.lora import auto_targets
+from lightfed.methods.lora import resolve_targets, train_only
 
 
 @dataclass
@@ -36,7 +36,7 @@ class VeRA(fedavg.FedAvg):
         from peft import VeraConfig, get_peft_model
 
         o = self.opts
-        targets = auto_targets(model) if o.targets == "auto" else [t.strip() for t in o.targets.split(",")]
+        targets = resolve_targets(model, o.targets)
         key = self.cfg.seed & 0x7FFFFFFF
         if not any(isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules()):
             raise ConfigError(f"vera: PEFT's VeRA adapts Linear layers only; {type(model).__name__} has no Linear "
@@ -44,6 +44,5 @@ class VeRA(fedavg.FedAvg):
         # VeRA's A, B are shared by all layers and live on PEFT's tuner: build it with get_peft_model, then
         # keep the underlying module (its layers hold the shared A, B), so names and calls stay the task's.
         model = get_peft_model(model, VeraConfig(r=o.r, target_modules=targets, projection_prng_key=key)).base_model.model
-        for n, p in model.named_parameters():
-            p.requires_grad = "vera_lambda" in n or (o.train_head and n.startswith("head."))
+        train_only(model, "vera_lambda", o.train_head)
         return super().prepare(model)
