@@ -482,7 +482,7 @@ def main(argv=None):
                markdown(pr, list(pr[0])), ""]
     md += ["## Targets", "", markdown(verdicts, ["task", "target", "measured", "verdict"]), ""]
     md += [f"FAILED: {r['label']}: {r['error']}" for r in runs if "error" in r]
-    md += ["", "Notes: bytes are len() of the encoded messages (the upload includes the 8-byte `_samples` field). "
+    md += ["", "Notes: bytes are len() of the encoded messages (the upload includes the 4-byte `_n` sample count). "
            "Down B/client/round is what the engine sends (the weights + round seed); `seed-only down` is one round's "
            "record (round seed + K x P mean scalars) that a client holding the previous global model needs instead, "
            "and `catch-up down` (DeComFL) is what each sampled client would have had to fetch to replay every round "

@@ -167,7 +167,7 @@ def main(argv=None):
             md += [f"## {t}", "", markdown(rows, list(rows[0])), ""]
     md += ["## Targets", "", markdown(verdicts, ["task", "target", "measured", "verdict"]) if verdicts else "(none)", ""]
     md += [f"FAILED: {r['label']}: {r['error']}" for r in runs if "error" in r]
-    md += ["", "Bytes are len() of the encoded messages (the upload includes the 8-byte `_samples` field). "
+    md += ["", "Bytes are len() of the encoded messages (the upload includes the 4-byte `_n` sample count). "
            "Ratios compare the uplink of one client per round, both sides measured in the same run grid.",
            f"![pareto]({name}.png)"]
     write(name, {"meta": meta(md[2], tasks=TASKS, methods=METHODS, ablations=ABLATIONS), "runs": runs,

@@ -83,7 +83,7 @@ def main(argv=None):
           f"(target < 5%: {'met' if worst < 0.05 else 'MISSED'}).",
           "Server compute (encoding the broadcast, decoding + validating every upload, aggregating) is protocol "
           "work a real server does too, so it is reported on its own, not as engine overhead. "
-          "Bytes are len() of the encoded messages; the upload includes the 8-byte sample count field. "
+          "Bytes are len() of the encoded messages; the upload includes the 4-byte `_n` sample count. "
           "Peak RSS is the process high-water mark during one local update (the model and data of the simulator "
           "included); 'rise' is its increase over the RSS before the update. Accounted memory = parameters + "
           "gradients + optimizer state + activations saved for backward, counted from the tensors. FLOPs: torch "

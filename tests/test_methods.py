@@ -34,7 +34,7 @@ def test_fedavg_aggregate_is_the_sample_weighted_mean():
     state = m.init_state(model)
     _, f1, _ = _client(T, cfg, m, model, state, 1, range(8))
     _, f2, _ = _client(T, cfg, m, model, state, 2, range(8, 32))
-    n1, n2 = f1.pop("_samples"), f2.pop("_samples")
+    n1, n2 = f1.pop(P.SAMPLES), f2.pop(P.SAMPLES)
     new = m.aggregate(state, [(f1, n1), (f2, n2)], 1)
     for k in state:
         want = (f1[k].double() * n1 + f2[k].double() * n2) / (n1 + n2)
@@ -74,7 +74,7 @@ def test_fedprox_with_mu_zero_is_fedavg():
         T, cfg, m, model = _setup(name, **opts)
         _, f, _ = _client(T, cfg, m, model, m.init_state(model))
         ups[name] = f
-    assert ups["fedavg"].pop("_samples") == ups["fedprox"].pop("_samples")
+    assert ups["fedavg"].pop(P.SAMPLES) == ups["fedprox"].pop(P.SAMPLES)
     assert all(torch.equal(ups["fedavg"][k], ups["fedprox"][k]) for k in ups["fedavg"])
 
 

@@ -209,8 +209,23 @@ def test_int4_latent_overhead_under_5_percent():
     schema = {"z": Spec("tensor", (1280,), "int4")}
     msg = encode({"z": torch.randn(1280)}, schema, kind="up")
     overhead = len(msg) - 640
-    assert overhead == 14 + len("up") + len("z") + 4 + 4 == 25
+    assert overhead == 8 + (1 + len("z")) + 3 + 2 + 4 + 4 == 23      # header, name, type/codec/ndim, dim, scale, CRC
     assert overhead < 0.05 * 640
+    # FLITE's upload on MiniLM: 1,296 int4 latents + the engine's 4-byte sample count
+    from lightfed.engine.protocol import SAMPLES
+    schema = {"z": Spec("tensor", (1296,), "int4"), SAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
+    msg = encode({"z": torch.randn(1296), SAMPLES: 80}, schema, kind="flite/up")
+    assert len(msg) - 648 == 23 + (1 + len(SAMPLES) + 1 + 4) == 31 < 0.05 * 648
+
+
+def test_int_width_follows_the_bounds():
+    for lo, hi, width in ((0, 255, 1), (-128, 127, 1), (0, 256, 2), (-1, 40000, 4), (1, 2**32 - 1, 4),
+                          (0, 2**32, 8), (None, None, 8), (0, None, 8)):
+        s = {"n": Spec("int", lo=lo, hi=hi)}
+        for v in {lo if lo is not None else -(2**63), hi if hi is not None else 2**63 - 1}:
+            msg = encode({"n": v}, s, kind="k")
+            assert len(msg) == encoded_size(s, "k") == 8 + 2 + 1 + width + 4
+            assert decode(msg, s, kind="k", max_bytes=BIG) == {"n": v}
 
 
 # ---------------------------------------------------------------- rejection
@@ -236,12 +251,12 @@ def test_truncated():
     schema, msg = sample()
     for cut in (0, 1, 5, 9):
         expect("<header>", decode, msg[:cut], schema, kind="up", max_bytes=BIG, match="minimum")
-    for cut in (10, 17, len(msg) // 2, len(msg) - 4, len(msg) - 1):
+    for cut in (12, 17, len(msg) // 2, len(msg) - 4, len(msg) - 1):
         expect("<crc>", decode, msg[:cut], schema, kind="up", max_bytes=BIG)
     # truncated with a valid CRC (a buggy sender): the field that runs out is named
     schema, msg = one_tensor(torch.randn(100), "fp32")
     body = msg[:-4]
-    for cut in (len(body) - 1, len(body) - 200, 15):
+    for cut in (len(body) - 1, len(body) - 200, 15):   # the payload starts at 14
         expect("w", decode, recrc(body[:cut] + b"CRC!"), schema, kind="up", max_bytes=BIG, match="truncated")
 
 
@@ -252,7 +267,7 @@ def test_oversized():
 
 def test_wrong_type_and_codec_bytes():
     x = torch.randn(2, 3)
-    schema, msg = one_tensor(x, "fp32")  # name "w": type byte at 10, codec byte at 11
+    schema, msg = one_tensor(x, "fp32")  # header 0-7, name "w" 8-9, type byte 10, codec byte 11
     expect("w", decode, patch(msg, 11, bytes([2])), schema, kind="up", max_bytes=BIG, match="codec int8 != expected fp32")
     expect("w", decode, patch(msg, 11, bytes([99])), schema, kind="up", max_bytes=BIG, match="unknown")
     expect("w", decode, patch(msg, 10, bytes([2])), schema, kind="up", max_bytes=BIG, match="type byte")
@@ -275,10 +290,10 @@ def test_wrong_shape():
     schema, msg = one_tensor(torch.zeros(3, 4), "int8")
     expect("w", decode, msg, {"w": Spec("tensor", (4, 4), "int8")}, kind="up", max_bytes=BIG, match="shape (3, 4)")
     expect("w", decode, msg, {"w": Spec("tensor", (12,), "int8")}, kind="up", max_bytes=BIG, match="shape")
-    # a forged dim with the original payload: the payload length no longer matches
-    forged = patch(msg, 13, struct.pack("<I", 4))
+    # a forged dim with the original payload (dims are varints from byte 13): the payload length no longer matches
+    forged = patch(msg, 13, b"\x04")
     expect("w", decode, forged, {"w": Spec("tensor", None, "int8")}, kind="up", max_bytes=BIG, match="truncated")
-    forged = patch(msg, 13, struct.pack("<I", 2))
+    forged = patch(msg, 13, b"\x02")
     expect("<trailer>", decode, forged, {"w": Spec("tensor", None, "int8")}, kind="up", max_bytes=BIG)
     # shape=None accepts any shape
     assert decode(msg, {"w": Spec("tensor", None, "int8")}, kind="up", max_bytes=BIG)["w"].shape == (3, 4)
@@ -305,12 +320,12 @@ def test_bf16_overflow_refused_on_encode():
 
 
 def test_nan_payload_with_valid_crc_refused():
-    schema, msg = one_tensor(torch.randn(4), "fp32")  # payload starts at 11 + 2 + 4 = 17
+    schema, msg = one_tensor(torch.randn(4), "fp32")  # payload starts at 11 + 2 (codec, ndim) + 1 (dim) = 14
     for bad in (math.nan, math.inf):
-        forged = patch(msg, 17 + 4 * 2, struct.pack("<f", bad))
+        forged = patch(msg, 14 + 4 * 2, struct.pack("<f", bad))
         expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="non-finite")
     schema, msg = one_tensor(torch.randn(4), "bf16")
-    expect("w", decode, patch(msg, 17, b"\xc0\x7f"), schema, kind="up", max_bytes=BIG, match="non-finite")
+    expect("w", decode, patch(msg, 14, b"\xc0\x7f"), schema, kind="up", max_bytes=BIG, match="non-finite")
     schema = {"f": Spec("float")}
     msg = encode({"f": 1.0}, schema, kind="up")
     expect("f", decode, patch(msg, 11, struct.pack("<d", math.nan)), schema, kind="up", max_bytes=BIG)
@@ -318,21 +333,21 @@ def test_nan_payload_with_valid_crc_refused():
 
 @pytest.mark.parametrize("codec", ["int8", "int4"])
 def test_bad_scale_refused(codec):
-    schema, msg = one_tensor(torch.randn(5), codec)  # scale at 11 + 2 + 4 = 17
+    schema, msg = one_tensor(torch.randn(5), codec)  # scale at 11 + 2 + 1 = 14
     for bad in (math.nan, math.inf, -math.inf, 0.0, -1.0):
-        forged = patch(msg, 17, struct.pack("<f", bad))
+        forged = patch(msg, 14, struct.pack("<f", bad))
         expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="scale")
     # a huge finite scale that overflows on dequantisation
-    forged = patch(msg, 17, struct.pack("<f", 3e38))
+    forged = patch(msg, 14, struct.pack("<f", 3e38))
     expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="non-finite")
 
 
 def test_invalid_quantised_codes_refused():
-    schema, msg = one_tensor(torch.randn(5), "int8")  # payload at 21
-    expect("w", decode, patch(msg, 21, b"\x80"), schema, kind="up", max_bytes=BIG, match="-128")
-    schema, msg = one_tensor(torch.randn(5), "int4")  # 3 payload bytes at 21, last high nibble pads
-    expect("w", decode, patch(msg, 21, b"\x08"), schema, kind="up", max_bytes=BIG, match="-8")
-    expect("w", decode, patch(msg, 23, bytes([msg[23] & 15 | 0x90])), schema, kind="up", max_bytes=BIG, match="padding")
+    schema, msg = one_tensor(torch.randn(5), "int8")  # payload at 18
+    expect("w", decode, patch(msg, 18, b"\x80"), schema, kind="up", max_bytes=BIG, match="-128")
+    schema, msg = one_tensor(torch.randn(5), "int4")  # 3 payload bytes at 18, last high nibble pads
+    expect("w", decode, patch(msg, 18, b"\x08"), schema, kind="up", max_bytes=BIG, match="-8")
+    expect("w", decode, patch(msg, 20, bytes([msg[20] & 15 | 0x90])), schema, kind="up", max_bytes=BIG, match="padding")
 
 
 def test_missing_extra_and_reordered_fields():
@@ -357,13 +372,16 @@ def test_missing_extra_and_reordered_fields():
 
 def test_header_problems():
     schema, msg = sample()
-    expect("<header>", decode, msg, schema, kind="down", max_bytes=BIG, match="kind 'up' != expected 'down'")
+    expect("<header>", decode, msg, schema, kind="down", max_bytes=BIG, match="!= expected 'down'")
     expect("<header>", decode, patch(msg, 0, b"XX"), schema, kind="up", max_bytes=BIG, match="magic")
-    expect("<header>", decode, patch(msg, 2, b"\x02"), schema, kind="up", max_bytes=BIG, match="version")
-    expect("<header>", decode, patch(msg, 4, b"\xff"), schema, kind="up", max_bytes=BIG, match="utf-8")
-    expect("<header>", decode, patch(msg, 3, b"\xff"), schema, kind="up", max_bytes=BIG, match="truncated")
+    expect("<header>", decode, patch(msg, 2, b"\x01"), schema, kind="up", max_bytes=BIG, match="version")
+    expect("<header>", decode, patch(msg, 4, b"\xff"), schema, kind="up", max_bytes=BIG, match="kind tag")
+    # the field count (a varint at 7): too large, or not in its shortest form
+    expect("<header>", decode, patch(msg, 7, b"\xff\xff\x7f"), schema, kind="up", max_bytes=BIG, match="exceeds")
+    expect("<header>", decode, recrc(msg[:7] + b"\x83\x00" + msg[8:-4] + b"CRC!"), schema, kind="up", max_bytes=BIG,
+           match="shortest")
     expect("<header>", decode, "not bytes", schema, kind="up", max_bytes=BIG)
-    expect("<header>", encode, {}, {}, kind="k" * 256)
+    assert len(encode({}, {}, kind="k" * 1000)) == len(encode({}, {}, kind="k")) == 12     # the kind costs 4 bytes
     expect("y" * 256, encode, {"y" * 256: 1}, {"y" * 256: Spec("int")}, kind="up", match="at most 255")
 
 
@@ -406,6 +424,7 @@ def test_error_is_a_valueerror_and_picklable_args():
 
 def test_fuzz_only_wireerror_escapes():
     rng = random.Random(0)
+    torch.manual_seed(0)
     schema = {"n": Spec("int", lo=-5, hi=5), "f": Spec("float"), "w": Spec("tensor", None, "int4"),
               "v": Spec("tensor", (3,), "bf16"), "ids": Spec("tensor", (2,), "i32"), "b": Spec("bytes", max_len=16)}
     msg = encode({"n": 1, "f": 0.5, "w": torch.randn(5), "v": torch.randn(3), "ids": torch.tensor([1, 2]),
@@ -423,7 +442,7 @@ def test_fuzz_only_wireerror_escapes():
         buf = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 120)))
         attempt(buf)
         if len(buf) >= 10:
-            attempt(recrc(b"LF\x01" + buf[3:]))
+            attempt(recrc(b"LF\x02" + buf[3:]))
     accepted = 0
     for _ in range(400):  # mutations of a valid message: flips, cuts, insertions, deletions
         b = bytearray(msg[:-4])
@@ -452,3 +471,11 @@ def test_no_pickle_in_source():
         src = pathlib.Path(mod.__file__).read_text()
         assert "import pickle" not in src and "from pickle" not in src
         assert "torch.load(" not in src and "torch.save(" not in src and "eval(" not in src
+
+
+def test_absurd_shape_with_a_zero_dim_refused():
+    schema = {"w": Spec("tensor", None, "fp32")}
+    msg = encode({"w": torch.zeros(0, 3)}, schema, kind="up")     # dims at 13: 0, 3
+    huge = b"\xff\xff\xff\xff\x0f"                                   # 2**32 - 1 as a varint
+    forged = recrc(msg[:12] + b"\x03" + b"\x00" + huge + huge + msg[15:-4] + b"CRC!")
+    expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="too large")

@@ -146,7 +146,7 @@ def test_fedspzo_step_stats_and_no_grad(spzo):
     assert stats["flops_f1"] == f1 / 8 * 2 * stats["samples"] and stats["flops_f2"] == f2 / 8 * 8 * stats["samples"]
     mem = stats["memory_accounted"]
     assert set(mem) == {"params", "activations", "boundary", "z"} and all(v > 0 for v in mem.values())
-    # the uplink is scalars: K x (P1 + P2) fp32 + digest + _samples
+    # the uplink is scalars: K x (P1 + P2) fp32 + digest + _n
     f = decode(up, P.up_schema(m), kind="fedspzo/up", max_bytes=10**6)
     assert f["g1"].shape == (2, 1) and f["g2"].shape == (2, 4) and len(f["digest"]) == 8 and len(up) < 200
 

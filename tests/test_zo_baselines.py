@@ -121,7 +121,7 @@ def test_decomfl_uplink_is_K_by_P_scalars_plus_framing(decomfl_round):
     f = decode(up, P.up_schema(m), kind="decomfl/up", max_bytes=10**6)
     assert f["g"].shape == (2, 2) and f["g"].dtype == torch.float32 and len(f["digest"]) == 8
     framing = len(up) - 4 * 2 * 2
-    assert 0 < framing < 80                                        # header, names, dims, digest, _samples, CRC
+    assert 0 < framing < 80                                        # header, names, dims, digest, _n, CRC
     _, _, m4, _, _, up4, _ = _client("decomfl", range(16), local_steps=5, method_options={"P": 2, "lr": 1e-2})
     assert len(up4) - len(up) == 4 * 2 * (5 - 2)                   # 4 bytes per extra scalar, nothing else
     assert stats["down_seed_only_bytes"] == encoded_size(

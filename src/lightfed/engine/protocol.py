@@ -4,8 +4,8 @@
     client:  up, stats = client_round(method, model, down, data, ctx) -> bytes (+ local measurements)
     server:  state, report = aggregate(method, state, [(cid, up), ...], rnd)
 
-Every upload carries the method's fields plus `_samples` (the client's example count, the
-aggregation weight). The receiver decodes and validates every message before use; a message
+Every upload carries the method's fields plus `_n` (the client's example count, the aggregation
+weight: a 4-byte int on the wire). The receiver decodes and validates every message before use; a message
 that fails is refused with the reason, and the round goes on with the others.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from lightfed.data.tensors import Data
 from lightfed.methods.base import ClientContext, Method, Rejected
 from lightfed.wire import Spec, WireError, decode, encode
 
-SAMPLES = "_samples"
+SAMPLES = "_n"
 
 
 def up_schema(method: Method):
-    return {**method.up_schema(), SAMPLES: Spec("int", lo=1, hi=2**40)}
+    return {**method.up_schema(), SAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
 
 
 def broadcast(method: Method, state, rnd: int) -> bytes:

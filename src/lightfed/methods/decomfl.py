@@ -10,7 +10,7 @@ record (its download grows with the rounds it missed).
 
 Relation to MeZO (methods/mezo.py): MeZO here already derives the directions from a round seed
 shared by all clients, so the client side, the uplink (K x P fp32 scalars + 8-byte digest +
-`_samples`), the options (P, eps, lr, trainable, max_steps, z) and the validation (the server
+`_n` (sample count)), the options (P, eps, lr, trainable, max_steps, z) and the validation (the server
 replays each upload and checks its digest, refusing forged or corrupted scalars: kept because the
 client computes the digest for free; it costs the server one replay per client) are MeZO's, and
 this class is a thin subclass. The only change is the aggregator: MeZO averages the replayed

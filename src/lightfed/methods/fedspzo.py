@@ -16,7 +16,7 @@ perturbation stays in force while f2 runs on that side's boundary (it matters on
 f2 shares with f1: SmolLM2's tied embedding / lm_head, held once per side).
 
 Wire and server: as MeZO (methods/mezo.py, which this subclasses): up = "g1" (K x P1 fp32) +
-"g2" (K x P2 fp32) + 8-byte digest + `_samples`; the server replays both blocks with the same
+"g2" (K x P2 fp32) + 8-byte digest + `_n` (sample count); the server replays both blocks with the same
 apply_update, checks the digest, averages the replayed models. Down = the weights (fp32) +
 round seed; `seed_down_bytes(K)` is the seed-only size (round seed + K x (P1 + P2) mean scalars),
 and a client that missed m rounds needs m of those (or the model).

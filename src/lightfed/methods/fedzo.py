@@ -15,7 +15,7 @@ floats). Plain ZO-SGD: no momentum, no weight decay (cfg.optimizer / weight_deca
 Forwards only, under no_grad, in eval mode (dropout off).
 
 Wire.  Up: the client's FULL trainable weights, d fp32 floats (the server recovers FedZO's update
-Delta = w_k - w from them; the same d floats either way), + `_samples`. Down: the trainable
+Delta = w_k - w from them; the same d floats either way), + `_n` (sample count). Down: the trainable
 weights (fp32). No seeds cross the wire: the directions are the client's own, so the server
 cannot replay them. (A "seeded" FedZO that uploads seeds + scalars is a different baseline;
 this is not it.)

@@ -11,7 +11,7 @@ block, p): every client of a round shares the directions (as DeComFL), so the up
 scalars alone.
 
 Wire.  Up: "g" (K x P float32) + "digest" (8 bytes: blake2b of the client's final trainable
-weights) + `_samples`: 4 K P + ~40 bytes. Down: the trainable weights (fp32) + "round_seed".
+weights) + `_n` (sample count): 4 K P + ~40 bytes. Down: the trainable weights (fp32) + "round_seed".
 The engine sends one broadcast to every client, and a client without the model needs the
 weights, so the full model goes down. The seed-only alternative, for a client that holds the
 previous global model: previous round seed + the sample-weighted mean scalars of that round

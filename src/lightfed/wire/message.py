@@ -5,32 +5,35 @@ is what a method is charged. Only plain data crosses the wire (no pickle, no
 torch.save, no eval), and decode validates everything against the receiver's schema
 before it returns anything.
 
-Binary layout (little-endian, struct):
+Binary layout, version 2 (little-endian; "varint" = unsigned LEB128, shortest form only):
 
     part       bytes          content
     header     2              magic b"LF"
-               1              version (1)
-               1 + k          kind tag: uint8 length + utf-8 (k <= 255)
-               2              field count (uint16)
+               1              version (2)
+               4              kind tag: the first 4 bytes of blake2b(utf-8 kind), e.g. "flite/up"
+               varint         field count (<= 65535)
     per field  1 + n          name: uint8 length + utf-8 (n <= 255)
                1              type: 1 tensor, 2 int, 3 float, 4 bytes
       tensor   1              codec: 0 fp32, 1 bf16, 2 int8, 3 int4, 4 i64, 5 i32
-               1 + 4*ndim     ndim (uint8), dims (uint32 each)
+               1 + varints    ndim (uint8), then each dim (< 2**32) as a varint
                4              scale (float32), int8/int4 only
                payload        payload_nbytes(codec, numel); i64/i32 raw integers
-      int      8              int64
+      int      1, 2, 4 or 8   the fewest bytes the spec's bounds allow (unsigned when lo >= 0;
+                              no bounds: int64), so both ends know the width from the schema
       float    8              float64
       bytes    4 + len        uint32 length + data
     trailer    4              CRC32 (zlib.crc32) of everything before it
 
-Overhead of a 1-field message with one 1-D int8/int4 tensor:
-14 + len(kind) + len(name) + 4 (dims) + 4 (scale) bytes, e.g. 25 B for kind "up",
-name "z" (3.9% of a 1,280-element int4 tensor's 640 B payload).
+Overhead of a 1-field message with one 1-D int8/int4 tensor of 128 <= n < 16,384 elements:
+8 (header) + 1 + len(name) + 3 (type, codec, ndim) + 2 (dim) + 4 (scale) + 4 (CRC) = 23 B for name
+"z"; a FLITE upload adds the engine's sample count ("_n", a 4-byte int: 8 B) -> 31 B on 1,296 int4
+latents (648 B): 4.8%.
 
 Decode order: size <= max_bytes, CRC (so any flipped or missing byte is reported as
 "<crc>"), magic/version, kind, then each field in schema order.
 """
 
+import hashlib
 import math
 import struct
 import zlib
@@ -42,12 +45,12 @@ import torch
 from .quantize import CODECS, dequantize, finite_range, payload_nbytes, quantize_array
 
 MAGIC = b"LF"
-VERSION = 1
+VERSION = 2
 KINDS = ("tensor", "int", "float", "bytes")  # type byte = index + 1
 TENSOR_CODECS = CODECS + ("i64", "i32")  # codec byte = index
 _INT = {"i64": ("<i8", torch.int64), "i32": ("<i4", torch.int32)}  # raw integer tensors
 _SCALED = ("int8", "int4")  # codecs that carry a scale
-_MIN_SIZE = 2 + 1 + 1 + 2 + 4  # empty kind, no fields
+_MIN_SIZE = 2 + 1 + 4 + 1 + 4  # no fields
 _I64 = (-(2**63), 2**63 - 1)
 
 
@@ -110,6 +113,32 @@ def _utf8(s: str, field: str, what: str) -> bytes:
     return bytes([len(b)]) + b
 
 
+def kind_tag(kind: str) -> bytes:
+    """The 4 bytes that stand for a message kind on the wire."""
+    return hashlib.blake2b(kind.encode("utf-8"), digest_size=4).digest()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _int_format(spec: "Spec") -> str:
+    """struct format of an int field: the fewest bytes that hold [lo, hi] (int64 without bounds)."""
+    lo, hi = spec.lo, spec.hi
+    if lo is not None and hi is not None:
+        for w, u, s in ((1, "B", "b"), (2, "H", "h"), (4, "I", "i")):
+            if lo >= 0 and hi < 2 ** (8 * w):
+                return "<" + u
+            if -(2 ** (8 * w - 1)) <= lo and hi < 2 ** (8 * w - 1):
+                return "<" + s
+    return "<q"
+
+
 def _check_ints(name, spec, lo, hi, limits=_I64):
     """Check the range [lo, hi] of integer values against spec.lo/hi and the wire type."""
     if spec.lo is not None and lo < spec.lo:
@@ -125,15 +154,17 @@ def encoded_size(schema: Schema, kind: str, *, worst_case: bool = False) -> int 
     it depends on the values (a tensor spec with shape None, or a bytes field).
     worst_case=True counts each bytes field at its max_len (None if it has none): use it
     as max_bytes for decode."""
-    n = 2 + 1 + 1 + len(kind.encode("utf-8")) + 2 + 4
+    n = 2 + 1 + 4 + len(_varint(len(schema))) + 4
     for name, spec in schema.items():
         n += 1 + len(name.encode("utf-8")) + 1
         if spec.kind == "tensor":
             if spec.shape is None:
                 return None
-            n += 2 + 4 * len(spec.shape) + (4 if spec.codec in _SCALED else 0)
+            n += 2 + sum(len(_varint(d)) for d in spec.shape) + (4 if spec.codec in _SCALED else 0)
             n += _nbytes(spec.codec, math.prod(spec.shape))
-        elif spec.kind in ("int", "float"):
+        elif spec.kind == "int":
+            n += struct.calcsize(_int_format(spec))
+        elif spec.kind == "float":
             n += 8
         else:  # bytes
             if not worst_case or spec.max_len is None:
@@ -150,7 +181,7 @@ def _encode_tensor(name, spec, v, generator):
         raise WireError(name, f"shape {shape} != expected {spec.shape}")
     if len(shape) > 255 or any(d >= 2**32 for d in shape):
         raise WireError(name, f"shape {shape}: at most 255 dims, each < 2**32")
-    head = struct.pack(f"<BB{len(shape)}I", TENSOR_CODECS.index(spec.codec), len(shape), *shape)
+    head = bytes([TENSOR_CODECS.index(spec.codec), len(shape)]) + b"".join(_varint(d) for d in shape)
     if spec.codec in _INT:  # raw integers
         if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
             raise WireError(name, f"dtype {v.dtype} is not an integer type (codec {spec.codec})")
@@ -181,7 +212,7 @@ def encode(fields: dict, schema: Schema, *, kind: str, generator: torch.Generato
             raise WireError(name, "not in schema")
     if len(schema) > 0xFFFF:
         raise WireError("<header>", f"{len(schema)} fields, at most 65535")
-    parts = [MAGIC, bytes([VERSION]), _utf8(kind, "<header>", "kind tag"), struct.pack("<H", len(schema))]
+    parts = [MAGIC, bytes([VERSION]), kind_tag(kind), _varint(len(schema))]
     for name, spec in schema.items():
         if name not in fields:
             raise WireError(name, "missing")
@@ -193,7 +224,7 @@ def encode(fields: dict, schema: Schema, *, kind: str, generator: torch.Generato
             if not isinstance(v, int) or isinstance(v, bool):
                 raise WireError(name, f"expected an int, got {type(v).__name__}")
             _check_ints(name, spec, v, v)
-            parts.append(struct.pack("<q", v))
+            parts.append(struct.pack(_int_format(spec), v))
         elif spec.kind == "float":
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise WireError(name, f"expected a float, got {type(v).__name__}")
@@ -243,6 +274,22 @@ def decode(buf: bytes, schema: Schema, *, kind: str, max_bytes: int) -> dict:
     def read(fmt, field, what):
         return struct.unpack(fmt, take(struct.calcsize(fmt), field, what))
 
+    def varint(field, what, limit):
+        n = shift = 0
+        while True:
+            (b,) = take(1, field, what)
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+            if n >= limit:
+                raise WireError(field, f"{what}: varint exceeds {limit - 1}")
+        if n >= limit:
+            raise WireError(field, f"{what} {n} exceeds {limit - 1}")
+        if shift > 7 and b == 0:
+            raise WireError(field, f"{what}: varint not in its shortest form")
+        return n
+
     def text(field, what):
         (k,) = read("<B", field, what)
         try:
@@ -256,10 +303,10 @@ def decode(buf: bytes, schema: Schema, *, kind: str, max_bytes: int) -> dict:
     (version,) = read("<B", H, "version")
     if version != VERSION:
         raise WireError(H, f"version {version} != supported {VERSION}")
-    tag = text(H, "kind tag")
-    if tag != kind:
-        raise WireError(H, f"kind {tag!r} != expected {kind!r}")
-    (count,) = read("<H", H, "field count")
+    tag = bytes(take(4, H, "kind tag"))
+    if tag != kind_tag(kind):
+        raise WireError(H, f"kind tag {tag.hex()} != expected {kind!r} ({kind_tag(kind).hex()})")
+    count = varint(H, "field count", 2**16)
 
     names, out = list(schema), {}
     for i in range(count):
@@ -282,7 +329,9 @@ def decode(buf: bytes, schema: Schema, *, kind: str, max_bytes: int) -> dict:
             codec = TENSOR_CODECS[c] if c < len(TENSOR_CODECS) else f"unknown {c}"
             if codec != spec.codec:
                 raise WireError(name, f"codec {codec} != expected {spec.codec}")
-            shape = read(f"<{ndim}I", name, "dims")
+            shape = tuple(varint(name, "dim", 2**32) for _ in range(ndim))
+            if math.prod(d for d in shape if d) >= 2**62:     # torch cannot even describe it (a 0 dim hides it)
+                raise WireError(name, f"shape {shape} is too large")
             if spec.shape is not None and shape != spec.shape:
                 raise WireError(name, f"shape {shape} != expected {spec.shape}")
             numel = math.prod(shape)
@@ -308,7 +357,7 @@ def decode(buf: bytes, schema: Schema, *, kind: str, max_bytes: int) -> dict:
                 raise WireError(name, "non-finite values")
             out[name] = v
         elif spec.kind == "int":
-            (v,) = read("<q", name, "int64")
+            (v,) = read(_int_format(spec), name, "int")
             _check_ints(name, spec, v, v)
             out[name] = v
         elif spec.kind == "float":
