@@ -209,3 +209,40 @@ def test_mezo_replays_exactly_too():
     assert f["g"].shape == (2, 2) and ups[0][1]["forwards_per_step"] == {"fwd": 4}
     rebuilt = m.replay(state, 1, f)
     assert all(torch.equal(rebuilt[n], ups[0][2][n]) for n in rebuilt)
+
+
+def test_fedspzo_independent_estimates_the_ablation():
+    """estimate=independent: same wire and replay, each block estimated with the other at rest."""
+    T, cfg, m, model, state, ups = _round("fedspzo", P1=1, Ps=2, lr=1e-2, estimate="independent")
+    up, stats, client_weights = ups[0]
+    assert stats["forwards_per_step"] == {"f1": 3, "f2": 10} and all(p.grad is None for p in model.parameters())
+    f = decode(up, P.up_schema(m), kind="fedspzo/up", max_bytes=10**6)
+    assert f["g1"].shape == (2, 1) and f["g2"].shape == (2, 4)
+    rebuilt = m.replay(state, 1, f)
+    assert all(torch.equal(rebuilt[n], client_weights[n]) for n in client_weights)
+    # step 0's g2_0 is the plain two-point estimate at the starting weights on the unperturbed f1 output
+    m2 = methods.build(cfg)
+    fresh = m2.prepare(copy.deepcopy(T.model))
+    m2.load(fresh, state)
+    m2._bind(fresh)
+    fresh.eval()
+    batch = next(iter(zo.step_batches(subset(T.train, range(16)), cfg.batch_size, 2,
+                                      ClientContext(0, 1, 100, cfg, T.loss, {}).generator())))
+    with torch.no_grad():
+        y = m2.sp.f1(batch)
+        g, _, _ = zo.two_point(lambda: m2.sp.f2_loss(y, batch), fresh, m2.block_params["theta2"],
+                               zo.derive(m.round_seed(1), 0, 2, 0), 1e-3, m2.owner_map, m2.fast)
+    assert f["g2"][0, 0].item() == zo.f32(g)
+
+
+def test_flops_count_the_fused_cpu_attention_in_eval_mode():
+    """Eval-mode SDPA on CPU takes a fused kernel torch's FlopCounterMode has no formula for;
+    lightfed.measure registers one, so a forward counts the same FLOPs in eval and train mode."""
+    T = tiny_task("sentiment")
+    model, b = copy.deepcopy(T.model), subset(T.train, range(8))
+    counts = {}
+    for mode in ("train", "eval"):
+        getattr(model, mode)()
+        with torch.no_grad():
+            _, counts[mode] = zo.count_flops(lambda: T.loss(model, b))
+    assert counts["eval"] == counts["train"] > 0

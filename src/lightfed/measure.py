@@ -3,12 +3,32 @@
 Peak memory is the process's resident-set high-water mark (Linux VmHWM) during the update,
 reset just before it through /proc/self/clear_refs; we report the peak and its rise above the
 resident set at the start. Where /proc is missing, both are None. (Bytes are counted by the
-engine from the encoded messages; FLOPs by the local optimizers.)
+engine from the encoded messages; FLOPs by the local optimizers, with torch's FlopCounterMode.)
+
+FlopCounterMode has no formula for the fused attention kernel torch's CPU SDPA takes in eval
+mode (aten._scaled_dot_product_flash_attention_for_cpu, and its backward), so it counted 0 for
+the attention matmuls there; importing this module registers torch's own SDPA formulas for it.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_CPU_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+if _CPU_FLASH not in flop_registry:
+    @register_flop_formula(_CPU_FLASH)
+    def _cpu_flash_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query_shape, key_shape, value_shape)   # 2 matmuls: QK^T and PV
+
+if _CPU_FLASH_BWD not in flop_registry:
+    @register_flop_formula(_CPU_FLASH_BWD)
+    def _cpu_flash_bwd_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 _STATUS = Path("/proc/self/status")
 _CLEAR = Path("/proc/self/clear_refs")

@@ -15,6 +15,12 @@ P2 = 2 P1 Ps directions of theta2; f1 runs 2 P1 times and f2 2 P2 times per step
 perturbation stays in force while f2 runs on that side's boundary (it matters only for weights
 f2 shares with f1: SmolLM2's tied embedding / lm_head, held once per side).
 
+estimate = "independent" (the ablation): each block gets its own estimate with the other block at
+rest, the same directions, scalars, wire and replay:
+    g1_a = (L(f2(f1(x; theta1 + eps z1_a))) - L(f2(f1(x; theta1 - eps z1_a)))) / (2 eps)    (theta2 unperturbed)
+    y0 = f1(x; theta1), once;  g2_j = (L(y0; theta2 + eps z2_j) - L(y0; theta2 - eps z2_j)) / (2 eps)
+so f1 runs 2 P1 + 1 times and f2 2 P1 + 2 P2 times per step (2 P1 more f2 forwards and one more f1).
+
 Wire and server: as MeZO (methods/mezo.py, which this subclasses): up = "g1" (K x P1 fp32) +
 "g2" (K x P2 fp32) + 8-byte digest + `_n` (sample count); the server replays both blocks with the same
 apply_update, checks the digest, averages the replayed models. Down = the weights (fp32) +
@@ -49,9 +55,12 @@ class Options:
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names
     max_steps: int = 100_000
     z: str = "portable"         # see methods/mezo.py
+    estimate: str = "split"     # split (the method) | independent (per-block estimates: the ablation)
 
     def check(self):
         mezo._check_common(self)
+        if self.estimate not in ("split", "independent"):
+            raise ConfigError(f"estimate = {self.estimate!r}: use split or independent")
         if self.split < 1 or self.P1 < 1 or self.Ps < 1:
             raise ConfigError(f"split = {self.split}, P1 = {self.P1}, Ps = {self.Ps}: each must be >= 1")
         if self.lr2 < 0:
@@ -91,6 +100,8 @@ class FedSPZO(mezo.MeZO):
         self.sp = split(model, self.cfg.task, self.opts.split)
 
     def local_step(self, model, batch, k, round_seed, loss):
+        if self.opts.estimate == "independent":
+            return self._independent_step(model, batch, k, round_seed)
         o, sp = self.opts, self.sp
         th1, th2 = self.block_params["theta1"], self.block_params["theta2"]
         g1, g2, losses = [], [0.0] * (2 * o.P1 * o.Ps), []
@@ -112,6 +123,23 @@ class FedSPZO(mezo.MeZO):
                 losses += ls
             g1.append(zo.f32((side[0] - side[1]) / (2 * o.eps)))
         return {"g1": g1, "g2": g2}, losses, {"f1": 2 * o.P1, "f2": 4 * o.P1 * o.Ps}
+
+    def _independent_step(self, model, batch, k, round_seed):
+        o, sp = self.opts, self.sp
+        th1, th2 = self.block_params["theta1"], self.block_params["theta2"]
+        g1, g2, losses = [], [], []
+        for a in range(o.P1):                 # theta1 alone, through the whole model
+            g, lp, lm = zo.two_point(lambda: sp.f2_loss(sp.f1(batch), batch), model, th1,
+                                     zo.derive(round_seed, k, 1, a), o.eps, self.owner_map, self.fast)
+            g1.append(zo.f32(g))
+            losses += [lp, lm]
+        y = sp.f1(batch)                       # theta2 alone, on the unperturbed boundary
+        for j in range(2 * o.P1 * o.Ps):
+            g, lp, lm = zo.two_point(lambda: sp.f2_loss(y, batch), model, th2,
+                                     zo.derive(round_seed, k, 2, j), o.eps, self.owner_map, self.fast)
+            g2.append(zo.f32(g))
+            losses += [lp, lm]
+        return {"g1": g1, "g2": g2}, losses, {"f1": 2 * o.P1 + 1, "f2": 2 * o.P1 + 4 * o.P1 * o.Ps}
 
     def measure(self, model, batch, loss):
         sp = self.sp

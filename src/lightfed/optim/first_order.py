@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightfed import measure  # noqa: F401  (FLOP formulas for CPU fused attention)
 from lightfed.data.tensors import Data, batches, size
 
 

@@ -55,6 +55,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightfed import measure  # noqa: F401  (FLOP formulas for CPU fused attention)
 from lightfed.data.tensors import Data, batches, size
 from lightfed.seeds import CHUNK, derive, normal  # noqa: F401  (derive is re-exported)
 
