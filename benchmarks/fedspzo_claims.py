@@ -74,6 +74,7 @@ METHODS = [
     ("FedAvg", "fedavg", {}, "fo"),
 ]
 ZO_ROLES = ("zo", "ablation")
+SEED_DOWN = ("fedspzo", "mezo", "decomfl")   # these send a client that holds an earlier model records, not weights
 # One lr for every ZO method of a task (the largest at which the uniform baseline is stable; see --calibrate).
 # Calibration by hand (sentiment, centralised, batch 8, len 24, this trainable set, 25-step rounds):
 #   MeZO P=1    1e-3: loss 0.706 -> 0.636, accuracy 0.45 -> 0.66 in 150 steps; 3e-3: 0.708 -> 1.026 in 75 (diverged)
@@ -120,7 +121,8 @@ def config_for(task, label, quick):
     cfg = {**base, "method": method, "rounds": QUICK_ROUNDS[task] if quick else ROUNDS[task][label]}
     if role in ZO_ROLES:
         lr = ZO_LR[task]
-        cfg.update(lr=lr, method_options={**opts, "trainable": ZO_TRAINABLE[task], "z": "fast", "lr": lr})
+        cfg.update(lr=lr, method_options={**opts, "trainable": ZO_TRAINABLE[task], "z": "fast", "lr": lr,
+                                          **({"down": "seeds"} if method in SEED_DOWN else {})})
     else:
         cfg.update(lr=FO_LR[task][label], method_options=dict(opts))
     return cfg
@@ -179,6 +181,14 @@ def client_stat(out: str, key: str):
     return sum(xs) / len(xs) if xs else None
 
 
+def records_down(out: str) -> dict:
+    """The downlinks sent as seed records (down_records > 0): how many of all, and their mean size."""
+    cs = [c for line in (Path(out) / "metrics.jsonl").read_text().splitlines()
+          for c in json.loads(line).get("clients", [])]
+    rec = [c["down"] for c in cs if c.get("down_records")]
+    return {"down_records_share": (len(rec), len(cs)), "down_records_bytes": sum(rec) / len(rec) if rec else None}
+
+
 def flops_to(pts, target, higher):
     """Cumulative client FLOPs when the curve first reaches `target` (None: never)."""
     for x, y in pts:
@@ -211,6 +221,7 @@ def collect(grid, summaries):
             "up_bytes": s["bytes"]["up_per_client_round"], "down_bytes": s["bytes"]["down_per_client_round"],
             "down_seed_only_bytes": client_stat(s["out"], "down_seed_only_bytes"),
             "down_seed_history_bytes": client_stat(s["out"], "down_seed_history_bytes"),
+            **records_down(s["out"]),
             "rss_rise": mem["client_rss_rise_bytes"], "rss_peak": mem["client_rss_peak_bytes"],
             "accounted": mem["client_accounted_bytes"], "accounted_parts": mem["client_accounted_parts"],
             "lr": cfg["lr"], "options": cfg["method_options"], "wall_s": s["time"]["wall"],
@@ -356,8 +367,9 @@ def run_rows(runs, notes):
                      "TFLOPs to target": "-" if not notes.get(r["task"], {}).get("judgeable") else
                      (f"{ft / 1e12:.2f}" if ft is not None else "not reached"),
                      "up B/client/round": f"{r['up_bytes']:,.0f}", "down B/client/round": f"{r['down_bytes']:,.0f}",
-                     "seed-only down B (1 round)": f"{r['down_seed_only_bytes']:,.0f}" if r["down_seed_only_bytes"] else "-",
-                     "catch-up down B": f"{r['down_seed_history_bytes']:,.0f}" if r["down_seed_history_bytes"] is not None else "-",
+                     "down as records: B (downlinks)": "-" if not r.get("down_records_bytes") else
+                     f"{r['down_records_bytes']:,.0f} ({r['down_records_share'][0]} of {r['down_records_share'][1]})",
+                     "seed record B (1 round)": f"{r['down_seed_only_bytes']:,.0f}" if r["down_seed_only_bytes"] else "-",
                      "mem accounted": human_bytes(r["accounted"]), "RSS rise": human_bytes(r["rss_rise"]),
                      "client s": f"{r['client_s']:.0f}"})
     return rows
@@ -479,10 +491,12 @@ def main(argv=None):
     md += ["## Targets", "", markdown(verdicts, ["task", "target", "measured", "verdict"]), ""]
     md += [f"FAILED: {r['label']}: {r['error']}" for r in runs if "error" in r]
     md += ["", "Notes: bytes are len() of the encoded messages (the upload includes the 4-byte `_n` sample count). "
-           "Down B/client/round is what the engine sends (the weights + round seed); `seed-only down` is one round's "
-           "record (round seed + K x P mean scalars) that a client holding the previous global model needs instead, "
-           "and `catch-up down` (DeComFL) is what each sampled client would have had to fetch to replay every round "
-           "it missed. Memory: `accounted` = parameters (all weights, frozen included) + gradients + optimizer state + "
+           "Down B/client/round is the mean of what the engine sent each sampled client: FedSPZO, MeZO and DeComFL run "
+           "with down = seeds, so a client that holds the global model of an earlier round it took part in gets one "
+           "record per round since (round seed + K x P mean scalars) and replays them, and a first-time client gets "
+           "the weights; `down as records` is the mean size of the downlinks sent as records and how many of all "
+           "downlinks they were (with 10 clients and 2 a round most clients are first-timers in a short run); "
+           "`seed record` is one round's record. Memory: `accounted` = parameters (all weights, frozen included) + gradients + optimizer state + "
            "saved activations (first order) or + the peak live activations of one forward + the cached f1 boundary + "
            "the largest perturbation (zeroth order); `RSS rise` = the process's resident-set high-water mark during "
            "the local update above its resident set before it: meaningful for the probes (one update in a fresh "

@@ -192,3 +192,18 @@ def test_deployment_with_tls_and_node_authentication(tmp_path):
     assert s["engine"] == "flower-deployment" and s["flower"]["dropped"] == 0
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes left running: {left}"
+
+
+def test_seed_only_downlink_on_flower_sim_equals_the_local_engine(tmp_path):
+    """FedSPZO with down = "seeds": what a client holds between rounds (the global model of the last
+    round it took part in) lives in Flower's Context.state; records replace the weights downstream."""
+    tiny_task("sentiment")
+    kw = dict(rounds=3, clients=4, fraction=0.5, method_options={"P1": 1, "Ps": 1, "lr": 1e-2, "down": "seeds"})
+    with torch_threads(1):
+        local.run(tiny_config("sentiment", "fedspzo", tmp_path / "local", **kw), log=quiet)
+        F.run_simulation(tiny_config("sentiment", "fedspzo", tmp_path / "flower", **kw,
+                                     engine_options={"client_threads": 1, "client_cpus": 1.0}), log=quiet)
+    assert F.compare(tmp_path / "flower", tmp_path / "local") == []
+    downs = [c["down"] for r in records(tmp_path / "flower")[1:] for c in r["clients"]]
+    assert all(r["accepted"] == 2 for r in records(tmp_path / "flower")[1:])
+    assert min(downs) < 200 < 10**5 < max(downs)      # some clients got records, first-timers the weights

@@ -137,3 +137,41 @@ def test_decomfl_catch_up_downlink_grows_with_missed_rounds():
     assert s4["down_seed_history_bytes"] == 3 * s4["down_seed_only_bytes"]
     *_, s3 = _client("decomfl", range(8), rnd=3, state={})            # first time in round 3: rounds 1, 2
     assert s3["seed_records_missed"] == 2
+
+
+# --- down = "seeds": the seed-only downlink, sent and replayed -------------------------------------
+@pytest.mark.parametrize("name", ["fedspzo", "decomfl"])
+def test_seed_only_downlink_rebuilds_the_global_model_bit_for_bit(name):
+    """Client 1 misses round 2 (two records in round 3); client 2 is new in round 2 (the model) and
+    its round-2 upload is refused, so round 3 sends it the model again."""
+    T = tiny_task("sentiment")
+    opts = {"P1": 1, "Ps": 1} if name == "fedspzo" else {"P": 1}
+    cfg = tiny_config("sentiment", name, clients=4, method_options={**opts, "lr": 1e-2, "down": "seeds"})
+    m = methods.build(cfg)
+    model = m.prepare(copy.deepcopy(T.model))
+    state = m.init_state(model)
+    held = {c: {} for c in range(4)}
+    plan = {1: [0, 1], 2: [0, 2], 3: [0, 1, 2]}
+    expect = {1: {0: "down", 1: "down"}, 2: {0: "seeds/1", 2: "down"}, 3: {0: "seeds/2", 1: "seeds/1", 2: "down"}}
+    full = None
+    for rnd, cids in plan.items():
+        ups = []
+        for c in cids:
+            down = P.broadcast(m, state, rnd, c)
+            kind = next(k for k in m.down_kinds(ClientContext(c, rnd, 0, cfg, T.loss, held[c]))
+                        if bytes(down[3:7]) == P.kind_tag(f"{name}/{k}"))
+            assert kind == expect[rnd][c]
+            full = len(down) if kind == "down" else full
+            if kind != "down":             # round seed + records of 2 steps x (P1 + P2) scalars, not the weights
+                assert len(down) < 200 * (rnd - int(held[c]["held_round"][0])) < full / 1000
+            ctx = ClientContext(c, rnd, 100 * rnd + c, cfg, T.loss, held[c])
+            up, _ = P.client_round(m, model, down, subset(T.train, range(8 * c, 8 * c + 16)), ctx, cfg.max_message_bytes)
+            # what the client trained from is the server's global model of this round, bit for bit
+            assert all(torch.equal(held[c]["held." + n], state[n]) for n in m.names)
+            if (rnd, c) == (2, 2):
+                up = up[:-5] + bytes([up[-5] ^ 1]) + up[-4:]     # corrupted in transit: refused
+            ups.append((c, up))
+        state, report = P.aggregate(m, state, ups, rnd, max_bytes=cfg.max_message_bytes, sampled=cids)
+        assert report["accepted"] == len(cids) - ((rnd, 2) == (2, 2))
+    assert state["_held"].tolist() == [3, 3, 3, -1]
+    assert sorted(k for k in state if k.startswith("_log.1.")) == sorted(f"_log.1.{f}" for f in m.scalars())

@@ -375,20 +375,23 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
         clock, rec = Clock(), {"round": rnd, "clients": []}
         t_round = time.perf_counter()
         bar.set_description(f"round {rnd}/{cfg.rounds} ({engine})")
-        with clock("server"):
-            down = P.broadcast(method, state, rnd)
         sampled = local.sample_clients(cfg, rnd)
+        with clock("server"):                   # one broadcast, unless the method sends per client
+            cache: dict = {}
+            downs = {cid: P.broadcast(method, state, rnd, cid, cache=cache) for cid in sampled}
         if any(c not in nodes for c in sampled):              # a node may have (re)connected since
             nodes = discover(grid, cfg, Options(**{**opts.__dict__, "node_wait": 0.0}), known, log)
             by_node = {n: c for c, n in nodes.items()}
         with clock("messages"), no_object_id_recompute():   # building them, and measuring Flower's envelope
             dropped, msgs, env_down, sizes = [], [], {}, {}
-            down_rec = ConfigRecord({"down": down})
+            down_recs = {}
             for cid in sampled:
                 if cid not in nodes:
                     dropped.append({"id": cid, "down": 0, "error": "no SuperNode with this partition-id"})
                     continue
-                m = Message(RecordDict({REC: down_rec, META: ConfigRecord({"round": rnd, "cid": cid, "config": key})}),
+                down = downs[cid]
+                rec_d = down_recs.setdefault(id(down), ConfigRecord({"down": down}))   # shared when the bytes are
+                m = Message(RecordDict({REC: rec_d, META: ConfigRecord({"round": rnd, "cid": cid, "config": key})}),
                             dst_node_id=nodes[cid], message_type=MessageType.TRAIN, group_id=str(rnd))
                 if opts.envelope:
                     env_down[cid] = message_bytes(m, sizes) - len(down)
@@ -403,14 +406,14 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
                 if cid is None:
                     continue
                 if r.has_error():
-                    dropped.append({"id": cid, "down": len(down), "error": _error_text(r)})
+                    dropped.append({"id": cid, "down": len(downs[cid]), "error": _error_text(r)})
                 elif int(r.content[META]["round"]) != rnd or int(r.content[META]["cid"]) != cid:
-                    dropped.append({"id": cid, "down": len(down), "error": "reply for another round or client"})
+                    dropped.append({"id": cid, "down": len(downs[cid]), "error": "reply for another round or client"})
                 else:
                     got[cid] = r
             for cid in sampled:
                 if cid in nodes and cid not in got and all(d["id"] != cid for d in dropped):
-                    dropped.append({"id": cid, "down": len(down), "error": "no reply" + (
+                    dropped.append({"id": cid, "down": len(downs[cid]), "error": "no reply" + (
                         f" within round_timeout = {opts.round_timeout:g} s" if opts.round_timeout else "")})
             uploads = []
             for cid in sorted(got):                               # the in-process engine's order
@@ -419,7 +422,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
                 meas = r.content["measure"]
                 uploads.append((cid, up))
                 clock.total["client"] = clock.total.get("client", 0.0) + float(meas["seconds"])
-                c = {"id": cid, "up": len(up), "down": len(down), "rss_peak": meas.get("rss_peak"),
+                c = {"id": cid, "up": len(up), "down": len(downs[cid]), "rss_peak": meas.get("rss_peak"),
                      "rss_rise": meas.get("rss_rise"), **unpack_stats(r.content)}
                 c["flower"] = {"down_envelope": env_down.get(cid),
                                "up_envelope": message_bytes(r) - len(up) if opts.envelope else None,

@@ -148,10 +148,10 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         clock, rec = Clock(), {"round": rnd, "clients": []}
         t_round = time.perf_counter()
         bar.set_description(f"round {rnd}/{cfg.rounds}")
-        with clock("server"):
-            down = P.broadcast(method, state, rnd)
-        uploads = []
+        uploads, downs = [], {}
         for cid in sample_clients(cfg, rnd):
+            with clock("server"):                  # one broadcast, unless the method sends per client
+                down = P.broadcast(method, state, rnd, cid, cache=downs)
             ctx = ClientContext(cid, rnd, derive_seed(cfg.seed, rnd, cid), cfg, task.loss, client_states.setdefault(cid, {}))
             data = subset(task.train, S.shards[cid])
             with clock("client"), PeakRSS() as mem:
@@ -183,8 +183,9 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
     evaluate, append the record to the history and checkpoint. Returns the new state."""
     cfg, task, method, model = S.cfg, S.task, S.method, S.model
     with clock("server"):
+        sampled = [c["id"] for c in rec["clients"]] + [d["id"] for d in rec.get("dropped", [])]
         state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
-                                    min_clients=cfg.min_clients)
+                                    min_clients=cfg.min_clients, sampled=sampled)
     rec.update(report)
     for r in report["rejected"]:
         log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")

@@ -1,8 +1,9 @@
 """One round of any method, as bytes. Every engine (in-process, Flower) calls exactly these three.
 
-    server:  down = broadcast(method, state, rnd)                  -> bytes, the same for every client
+    server:  down = broadcast(method, state, rnd, cid)             -> bytes (the same for every client
+                                                                       unless the method sends per client)
     client:  up, stats = client_round(method, model, down, data, ctx) -> bytes (+ local measurements)
-    server:  state, report = aggregate(method, state, [(cid, up), ...], rnd)
+    server:  state, report = aggregate(method, state, [(cid, up), ...], rnd, sampled=[cid, ...])
 
 Every upload carries the method's fields plus `_n` (the client's example count, the aggregation
 weight: a 4-byte int on the wire). The receiver decodes and validates every message before use; a message
@@ -14,7 +15,7 @@ import torch
 
 from lightfed.data.tensors import Data
 from lightfed.methods.base import ClientContext, Method, Rejected
-from lightfed.wire import Spec, WireError, decode, encode
+from lightfed.wire import Spec, WireError, decode, encode, kind_tag
 
 SAMPLES = "_n"
 
@@ -23,32 +24,45 @@ def up_schema(method: Method):
     return {**method.up_schema(), SAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
 
 
-def broadcast(method: Method, state, rnd: int) -> bytes:
-    return encode(method.broadcast(state, rnd), method.down_schema(), kind=f"{method.name}/down")
+def broadcast(method: Method, state, rnd: int, cid: int | None = None, cache: dict | None = None) -> bytes:
+    """`cache` (a dict per round): the shared broadcast ("down") is encoded once for all clients."""
+    kind, fields, schema = method.downlink(state, rnd, cid)
+    if cache is not None and kind == "down" and kind in cache:
+        return cache[kind]
+    blob = encode(fields, schema, kind=f"{method.name}/{kind}")
+    if cache is not None and kind == "down":
+        cache[kind] = blob
+    return blob
 
 
 def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data, ctx: ClientContext,
                  max_bytes: int) -> tuple[bytes, dict]:
-    fields = decode(down, method.down_schema(), kind=f"{method.name}/down", max_bytes=max_bytes)
+    kinds = method.down_kinds(ctx)
+    tag = bytes(down[3:7])
+    kind = next((k for k in kinds if kind_tag(f"{method.name}/{k}") == tag), "down")   # else: decode says why
+    fields = decode(down, kinds.get(kind, method.down_schema()), kind=f"{method.name}/{kind}", max_bytes=max_bytes)
     torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
     update, stats = method.client_update(model, fields, data, ctx)
     return encode({**update, SAMPLES: stats["samples"]}, up_schema(method), kind=f"{method.name}/up"), stats
 
 
 def aggregate(method: Method, state, uploads: list[tuple[int, bytes]], rnd: int, *, max_bytes: int,
-              min_clients: int = 1):
-    """Decode + validate each upload, aggregate the valid ones. Returns (state, report)."""
-    valid, rejected = [], []
+              min_clients: int = 1, sampled: list[int] | None = None):
+    """Decode + validate each upload, aggregate the valid ones. Returns (state, report).
+    `sampled`: every client sent a downlink this round (default: those who uploaded)."""
+    valid, rejected, accepted = [], [], []
     for cid, blob in uploads:
         try:
             f = decode(blob, up_schema(method), kind=f"{method.name}/up", max_bytes=max_bytes)
             n = float(f.pop(SAMPLES))
             method.validate(state, f, rnd)          # a method's own checks (e.g. replay of seeds)
             valid.append((f, n))
+            accepted.append(cid)
         except (WireError, Rejected) as e:
             rejected.append({"id": cid, "bytes": len(blob), "error": str(e)})
     report = {"accepted": len(valid), "rejected": rejected}
+    sampled = sorted(set(sampled if sampled is not None else []) | {cid for cid, _ in uploads})
     if len(valid) < min_clients:
         report["failed"] = f"{len(valid)} valid replies < min_clients = {min_clients}; global state kept"
-        return state, report
-    return method.aggregate(state, valid, rnd), report
+        return method.after_round(state, rnd, [], sampled), report
+    return method.after_round(method.aggregate(state, valid, rnd), rnd, accepted, sampled), report

@@ -5,6 +5,7 @@
     2. local optimizer   client_update(...)           how a client turns the broadcast into an update
     3. codec             down_schema / up_schema      what crosses the wire, field by field
                          broadcast(state) -> fields
+                         (optional: downlink / down_kinds / after_round: a per-client downlink)
     4. aggregator        aggregate(state, updates)    how the server combines the updates
 
 Messages are plain dicts of fields (tensors, ints, floats, bytes); the engine encodes them with
@@ -85,6 +86,20 @@ class Method:
 
     def broadcast(self, state: State, rnd: int) -> Fields:
         return dict(state)
+
+    # 3b. per-client downlink (optional; the defaults send every client the broadcast) -------------
+    def downlink(self, state: State, rnd: int, cid: int | None) -> tuple[str, Fields, Schema]:
+        """Server: what client `cid` gets this round, as (kind, fields, schema)."""
+        return "down", self.broadcast(state, rnd), self.down_schema()
+
+    def down_kinds(self, ctx: "ClientContext") -> dict[str, Schema]:
+        """Client: the kinds of downlink it can take this round (from what ctx.state holds)."""
+        return {"down": self.down_schema()}
+
+    def after_round(self, state: State, rnd: int, accepted: list[int], sampled: list[int]) -> State:
+        """Server, after aggregating (or keeping the state when too few replies were valid): which
+        sampled clients' uploads were accepted. Default: nothing to remember."""
+        return state
 
     # 2. local optimizer -------------------------------------------------------------------------
     def client_update(self, model: nn.Module, down: Fields, data: Data, ctx: ClientContext) -> tuple[Fields, dict]:

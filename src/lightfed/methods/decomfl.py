@@ -14,16 +14,16 @@ shared by all clients, so the client side, the uplink (K x P fp32 scalars + 8-by
 replays each upload and checks its digest, refusing forged or corrupted scalars: kept because the
 client computes the digest for free; it costs the server one replay per client) are MeZO's, and
 this class is a thin subclass. The only change is the aggregator: MeZO averages the replayed
-client models; DeComFL replays the averaged scalars (`MeZO.replay_mean`). Because every client
+client models; DeComFL replays the averaged scalars (`average_scalars`, `MeZO.replay_mean`). Because every client
 walks the same directions z_{k,p} with plain ZO-SGD, a client's final model is
 theta - sum_{k,p} (lr / P) g_{k,p} z_{k,p}, linear in its scalars, so the two are equal up to
 float rounding (tests/test_zo_baselines.py checks it). They are NOT equal once the client
 optimizer has state (momentum, Adam) or weight decay: then averaging scalars is DeComFL's
 approximation, not FedAvg of models. (A client with fewer steps counts 0 for its missing steps.)
 
-Wire: down = the weights (fp32) + round seed, as MeZO (the in-process engine sends one broadcast
-to all, and a client without the model needs it); the paper's seed-only downlink is reported in
-stats, like MeZO / FedSPZO:
+Wire: down = the weights (fp32) + round seed by default, as MeZO; `down = "seeds"` sends the
+paper's downlink (MeZO's: records of mean scalars since the round whose model the client holds).
+Reported in stats either way:
   down_seed_only_bytes     one round's record: round seed + K x P mean scalars (encoded size);
   down_seed_history_bytes  what THIS client must download to catch up this round: one record per
                            round since it last took part (rounds r .. t-1 after taking part in r;
@@ -42,6 +42,7 @@ LAST = "decomfl_last_round"
 class DeComFL(mezo.MeZO):
     name = "decomfl"
     TAG = 0x4465436F            # its own directions (never MeZO's), same derivation
+    average_scalars = True      # the aggregator: replay of the mean scalars (MeZO.aggregate)
 
     def client_update(self, model, down, data, ctx):
         up, stats = super().client_update(model, down, data, ctx)
@@ -51,8 +52,4 @@ class DeComFL(mezo.MeZO):
         ctx.state[LAST] = torch.tensor([ctx.round], dtype=torch.int64)
         return up, stats
 
-    def aggregate(self, state, updates, rnd):
-        for f, _ in updates:                 # each upload validated (digest) once; the engine's validate cached it
-            self._replayed(state, f, rnd)
-        self._cache = None
-        return self.replay_mean(state, rnd, updates)
+

@@ -24,8 +24,8 @@ so f1 runs 2 P1 + 1 times and f2 2 P1 + 2 P2 times per step (2 P1 more f2 forwar
 Wire and server: as MeZO (methods/mezo.py, which this subclasses): up = "g1" (K x P1 fp32) +
 "g2" (K x P2 fp32) + 8-byte digest + `_n` (sample count); the server replays both blocks with the same
 apply_update, checks the digest, averages the replayed models. Down = the weights (fp32) +
-round seed; `seed_down_bytes(K)` is the seed-only size (round seed + K x (P1 + P2) mean scalars),
-and a client that missed m rounds needs m of those (or the model).
+round seed, or with down = "seeds" records of mean scalars (round seed + K x (P1 + P2) floats per
+round since the client's last accepted round; the server then replays the mean scalars).
 stats: flops = flops_f1 + flops_f2 (forward FLOPs per sample, FlopCounterMode, x forwards x
 samples); memory_accounted = params, activations (peak of one f1 or f2 forward), boundary (one
 cached f1 output: only one side is alive at a time), z (largest transient perturbation, + the
@@ -56,6 +56,7 @@ class Options:
     max_steps: int = 100_000
     z: str = "portable"         # see methods/mezo.py
     estimate: str = "split"     # split (the method) | independent (per-block estimates: the ablation)
+    down: str = "model"         # model | seeds (see methods/mezo.py)
 
     def check(self):
         mezo._check_common(self)

@@ -11,14 +11,17 @@ block, p): every client of a round shares the directions (as DeComFL), so the up
 scalars alone.
 
 Wire.  Up: "g" (K x P float32) + "digest" (8 bytes: blake2b of the client's final trainable
-weights) + `_n` (sample count): 4 K P + ~40 bytes. Down: the trainable weights (fp32) + "round_seed".
-The engine sends one broadcast to every client, and a client without the model needs the
-weights, so the full model goes down. The seed-only alternative, for a client that holds the
-previous global model: previous round seed + the sample-weighted mean scalars of that round
-(K x P floats; because the directions are shared, replaying the mean scalars == averaging the
-replayed models, up to float rounding; `replay_mean` is that replay). `seed_down_bytes(K)` is
-its exact size. A client that missed m rounds downloads m such records (m x seed_down_bytes),
-or the full model when that is smaller.
+weights) + `_n` (sample count): 4 K P + ~40 bytes.
+Down, `down = "model"` (default): the trainable weights (fp32) + "round_seed", to every client.
+`down = "seeds"`: a client that holds the global model of round r0 (it took part in r0 and its
+upload was accepted) gets kind "seeds/r0": this round's seed + one record per round r0..t-1, the
+sample-weighted mean scalars of that round ("i.g": K x P fp32), and replays them (catch_up); a
+first-time client, one whose last upload was refused or lost, or one for which the records
+would outweigh the weights gets the model. The server's new global model is then the replay of
+the mean scalars (as DeComFL), which is what the clients rebuild, bit for bit; because the
+directions are shared it equals the mean of the replayed client models up to float rounding.
+The server keeps the records ("_log.<round>.<field>") and per client the round it holds
+("_held") in its state, so they are checkpointed with it. `seed_down_bytes(K)` is one record's size.
 
 Server: validate() replays the client's K steps from the global state with the same
 apply_update (optim/zeroth_order.py), refuses non-finite results and a digest that differs
@@ -41,6 +44,9 @@ from lightfed.optim import zeroth_order as zo
 from lightfed.wire import Spec, encoded_size, tensor_schema
 
 DIGEST = "digest"
+HELD, HELD_W = "held_round", "held."      # client state: round r0 whose global model it holds, and those weights
+HELD_S, LOG = "_held", "_log."            # server state: per client r0 (-1: none); records _log.<round>.<field>
+DOWNS = ("model", "seeds")
 
 
 def _check_common(o):
@@ -52,6 +58,8 @@ def _check_common(o):
         raise ConfigError(f"max_steps = {o.max_steps}: must be >= 1")
     if o.z not in ("portable", "fast"):
         raise ConfigError(f"z = {o.z!r}: use portable or fast")
+    if o.down not in DOWNS:
+        raise ConfigError(f"down = {o.down!r}: use model or seeds")
 
 
 @dataclass
@@ -62,6 +70,7 @@ class Options:
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names
     max_steps: int = 100_000    # the server refuses uploads claiming more local steps (replay cost)
     z: str = "portable"         # portable: same z on any CPU; fast: ~4x faster draws, like CPUs only
+    down: str = "model"         # model | seeds (records of mean scalars for clients holding an earlier model)
 
     def check(self):
         _check_common(self)
@@ -73,6 +82,7 @@ class MeZO(Method):
     name = "mezo"
     Options = Options
     TAG = 0x4D655A4F            # mixes the round seed, so two ZO methods never share directions
+    average_scalars = False     # True (DeComFL): the new model is the replay of the mean scalars
 
     # --- what a subclass changes -----------------------------------------------------------------
     def blocks(self) -> dict[str, list[str]]:
@@ -134,6 +144,16 @@ class MeZO(Method):
     def fast(self) -> bool:
         return self.opts.z == "fast"
 
+    @property
+    def seeds_down(self) -> bool:
+        return self.opts.down == "seeds"
+
+    def init_state(self, model):
+        state = super().init_state(model)
+        if self.seeds_down:
+            state[HELD_S] = torch.full((self.cfg.clients,), -1, dtype=torch.int64)
+        return state
+
     def round_seed(self, rnd: int) -> int:
         return zo.derive(self.cfg.seed, rnd, self.TAG)
 
@@ -143,7 +163,41 @@ class MeZO(Method):
                 "round_seed": Spec("int", lo=0, hi=2**63 - 1)}
 
     def broadcast(self, state, rnd):
-        return {**state, "round_seed": self.round_seed(rnd)}
+        return {**{n: state[n] for n in self.names}, "round_seed": self.round_seed(rnd)}
+
+    def seeds_schema(self, n: int):
+        """The seed-only downlink with n records (K x P each; K may differ per round, 0 for a kept round)."""
+        return {"round_seed": Spec("int", lo=0, hi=2**63 - 1),
+                **{f"{i}.{f}": Spec("tensor", None, "fp32") for i in range(n) for f in self.scalars()}}
+
+    def downlink(self, state, rnd, cid):
+        r0 = int(state[HELD_S][cid]) if self.seeds_down and cid is not None else -1
+        if r0 < 1:
+            return super().downlink(state, rnd, cid)
+        recs = {f"{i}.{f}": state[f"{LOG}{r}.{f}"] for i, r in enumerate(range(r0, rnd)) for f in self.scalars()}
+        if sum(v.numel() for v in recs.values()) >= sum(state[n].numel() for n in self.names):
+            return super().downlink(state, rnd, cid)          # catching up would cost more than the weights
+        return f"seeds/{r0}", {"round_seed": self.round_seed(rnd), **recs}, self.seeds_schema(rnd - r0)
+
+    def down_kinds(self, ctx):
+        kinds = super().down_kinds(ctx)
+        if self.seeds_down and HELD in ctx.state:
+            r0 = int(ctx.state[HELD][0])
+            kinds[f"seeds/{r0}"] = self.seeds_schema(ctx.round - r0)
+        return kinds
+
+    def catch_up(self, ctx, down) -> dict:
+        """Client: the global model of this round, from the one it holds and the records since."""
+        r0 = int(ctx.state[HELD][0])
+        w = {n: ctx.state[HELD_W + n] for n in self.names}
+        for i, r in enumerate(range(r0, ctx.round)):
+            rec = {f: down[f"{i}.{f}"] for f in self.scalars()}
+            for f, P in self.scalars().items():
+                if rec[f].dim() != 2 or rec[f].shape[1] != P or rec[f].shape[0] > self.opts.max_steps:
+                    raise ValueError(f"seed record {i}.{f}: shape {tuple(rec[f].shape)}, expected (K <= "
+                                     f"{self.opts.max_steps}, {P})")
+            w = self.replay(w, r, rec)
+        return w
 
     def up_schema(self):
         K = self.cfg.local_steps if self.cfg.local_steps > 0 else None   # else: checked in validate
@@ -157,8 +211,14 @@ class MeZO(Method):
 
     # --- 2. local optimizer ----------------------------------------------------------------------
     def client_update(self, model, down, data, ctx):
+        records = sum(f"{i}.{next(iter(self.scalars()))}" in down for i in range(ctx.round))
+        if self.names[0] not in down:            # a seed-only downlink: rebuild the model it stands for
+            down = {**self.catch_up(ctx, down), "round_seed": down["round_seed"]}
         self.load(model, down)
         self._bind(model)
+        if self.seeds_down:                       # keep this round's global model: next time records suffice
+            ctx.state[HELD] = torch.tensor([ctx.round], dtype=torch.int64)
+            ctx.state.update({HELD_W + n: down[n].detach().clone() for n in self.names})
         c = ctx.cfg
         n = size(data)
         K = zo.num_steps(n, c.batch_size, c.local_steps, c.local_epochs)
@@ -171,8 +231,8 @@ class MeZO(Method):
         try:
             with torch.no_grad():
                 for k, b in enumerate(zo.step_batches(data, c.batch_size, K, ctx.generator())):
-                    if meas is None:
-                        meas = self._measured(model, b, ctx.loss)
+                    if meas is None:      # every update measures its own first batch: memory depends on
+                        meas = self.measure(model, b, ctx.loss)   # content (HF drops an all-ones mask), not only shape
                     row, losses, fwds = self.local_step(model, b, k, rs, ctx.loss)
                     for f in rows:
                         rows[f].append(row[f])
@@ -190,16 +250,8 @@ class MeZO(Method):
         stats = {"steps": K, "samples": samples, "train_loss": loss_sum / K, "loss": loss_sum / K,
                  "flops": sum(flops.values()), **{f"flops_{kind}": v for kind, v in flops.items() if kind != "fwd"},
                  "forwards_per_step": fwds, "memory_accounted": self.memory(model, meas),
-                 "down_seed_only_bytes": self.seed_down_bytes(K)}
+                 "down_seed_only_bytes": self.seed_down_bytes(K), "down_records": records}   # 0: the weights came
         return up, stats
-
-    def _measured(self, model, batch, loss) -> dict:
-        """measure() once per model and batch shape (the counts depend on nothing else)."""
-        key = (id(model), tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
-        cache = self.__dict__.setdefault("_measure_cache", {})
-        if key not in cache:
-            cache[key] = self.measure(model, batch, loss)
-        return cache[key]
 
     # --- 4. aggregator ---------------------------------------------------------------------------
     def updates_of(self, rnd: int, fields) -> list[zo.Update]:
@@ -244,13 +296,39 @@ class MeZO(Method):
         return hit[1]
 
     def aggregate(self, state, updates, rnd):
-        rebuilt = [(self._replayed(state, f, rnd), w) for f, w in updates]
+        if not (self.average_scalars or self.seeds_down):   # FedAvg of the replayed client models
+            rebuilt = [(self._replayed(state, f, rnd), w) for f, w in updates]
+            self._cache = None
+            return weighted_mean(rebuilt, self.names)
+        for f, _ in updates:                  # each upload validated (digest) once; the engine's validate cached it
+            self._replayed(state, f, rnd)
         self._cache = None
-        return weighted_mean(rebuilt, self.names)
+        mean = self.mean_scalars(updates)
+        new = self.replay(state, rnd, mean)
+        if self.seeds_down:                   # the round's record, and what the server remembers
+            new.update({k: v for k, v in state.items() if k.startswith("_")})
+            new.update({f"{LOG}{rnd}.{f}": v for f, v in mean.items()})
+        return new
+
+    def after_round(self, state, rnd, accepted, sampled):
+        if not self.seeds_down:
+            return state
+        state = dict(state)
+        for f, P in self.scalars().items():   # a round that kept the state: an empty record
+            state.setdefault(f"{LOG}{rnd}.{f}", torch.zeros(0, P))
+        held = state[HELD_S].clone()
+        held[sampled] = -1                    # refused or lost: the model next time
+        held[accepted] = rnd
+        state[HELD_S] = held
+        return state
 
     def replay_mean(self, state, rnd: int, updates) -> dict:
-        """What a seed-only client computes: replay of the sample-weighted mean scalars (per step,
-        per direction; a client with fewer steps counts 0 for the missing ones)."""
+        """What a seed-only client computes: replay of the sample-weighted mean scalars."""
+        return self.replay(state, rnd, self.mean_scalars(updates))
+
+    def mean_scalars(self, updates) -> dict:
+        """Sample-weighted mean scalars, per step and direction (float64 sums, stored as float32; a
+        client with fewer steps counts 0 for the missing ones)."""
         total = sum(w for _, w in updates)
         K = max(f[next(iter(self.scalars()))].shape[0] for f, _ in updates)
         mean = {}
@@ -259,4 +337,4 @@ class MeZO(Method):
             for f, w in updates:
                 acc[: f[fname].shape[0]] += f[fname].double() * (w / total)
             mean[fname] = acc.float()
-        return self.replay(state, rnd, mean)
+        return mean
