@@ -201,11 +201,13 @@ def main(argv=None):
     md += [f"FAILED: {r['label']}: {r['error']}" for r in runs if "error" in r]
     md += ["", "Bytes are len() of the encoded messages (the upload includes the 4-byte `_n` sample count). "
            "Ratios compare the uplink of one client per round, both sides measured in the same run grid.",
-           f"![pareto]({name}.png)", f"![curves]({name}_curves.png)"]
+           *([f"![pareto]({name}.png)"] if any(t not in TASKS_LONG for t in tasks) else []),
+           *([f"![curves]({name}_curves.png)"] if any(t in TASKS_LONG for t in tasks) else [])]
     write(name, {"meta": meta(md[2], tasks=TASKS, methods=METHODS, ablations=ABLATIONS), "runs": runs,
                  "targets": verdicts}, "\n".join(md) + "\n")
     if ok:
-        pareto_plot([r for r in ok if r["task"] not in TASKS_LONG], Path(__file__).parent / "results" / f"{name}.png")
+        if any(r["task"] not in TASKS_LONG for r in ok):
+            pareto_plot([r for r in ok if r["task"] not in TASKS_LONG], Path(__file__).parent / "results" / f"{name}.png")
         curves_plot(ok, Path(__file__).parent / "results" / f"{name}_curves.png")
     print("\n".join(md))
 
