@@ -6,6 +6,7 @@ trainable vs random head); a Pareto plot of accuracy against bytes per client pe
     python benchmarks/flite_claims.py                      # sentiment (MiniLM) + fmnist (our GN-ResNet) + austen (SmolLM2, short)
                                                            # + sentiment-10r: FLITE vs FedAvg for 10 rounds
     python benchmarks/flite_claims.py --tasks sentiment-30r --partitions iid --name flite_claims_30r   # 30 rounds
+    python benchmarks/flite_claims.py --tasks sentiment-rank --partitions iid --name flite_claims_rank # r = 6, 12, 24
     python benchmarks/flite_claims.py --tasks sentiment    # one task
     python benchmarks/flite_claims.py --quick              # smoke test of the whole grid at tiny sizes
 """
@@ -34,8 +35,11 @@ TASKS = {
 # the accuracy claims need more than 3 rounds: the sentiment set again for 10 rounds, the methods they compare
 TASKS["sentiment-10r"] = {**TASKS["sentiment"], "rounds": 10}
 TASKS["sentiment-30r"] = {**TASKS["sentiment"], "rounds": 30}     # does FLITE's frozen-head run catch up? (IID)
+TASKS["sentiment-rank"] = {**TASKS["sentiment"], "rounds": 10}    # is the gap the latent's capacity? (IID)
 LONG_METHODS = {"sentiment-10r": {"FLITE fp32", "FLITE, trainable head", "FedAvg fp32"},
-                "sentiment-30r": {"FLITE fp32", "FedAvg fp32"}}
+                "sentiment-30r": {"FLITE fp32", "FedAvg fp32"},
+                "sentiment-rank": {"FLITE fp32", "FLITE r=12", "FLITE r=24", "FedAvg fp32"}}
+RANKS = [("FLITE r=12", "flite", {"r": 12}, {}), ("FLITE r=24", "flite", {"r": 24}, {})]   # default r = 6
 # (label, method, method options, extra run settings)
 METHODS = [
     ("FLITE fp32", "flite", {"codec": "fp32"}, {}),
@@ -59,7 +63,7 @@ TASKS_LONG = set(LONG_METHODS)
 QUICK = {"sentiment": {"rounds": 1, "task_options": {"train_size": 100, "test_size": 50, "max_len": 16}},
          "fmnist": {"rounds": 1, "task_options": {"train_size": 100, "test_size": 50}},
          "austen": {"rounds": 1, "task_options": {"train_blocks": 30, "test_blocks": 12, "block_len": 32}}}
-QUICK["sentiment-10r"] = QUICK["sentiment-30r"] = {**QUICK["sentiment"], "rounds": 2}
+QUICK["sentiment-10r"] = QUICK["sentiment-30r"] = QUICK["sentiment-rank"] = {**QUICK["sentiment"], "rounds": 2}
 
 
 def grid_for(tasks, quick, partitions, name="flite_claims"):
@@ -69,7 +73,7 @@ def grid_for(tasks, quick, partitions, name="flite_claims"):
         if quick:
             base = {**base, **QUICK[t]}
         for part in partitions:
-            for label, m, opts, extra in METHODS + (ABLATIONS[1:2] if t in TASKS_LONG else []):
+            for label, m, opts, extra in METHODS + (ABLATIONS[1:2] + RANKS if t in TASKS_LONG else []):
                 if (TASKS[t]["task"], m) in SKIP or (t in TASKS_LONG and label not in LONG_METHODS[t]):
                     continue
                 cfg = {**base, "method": m, "method_options": opts, "partition": part}
@@ -188,7 +192,7 @@ def main(argv=None):
           + "Settings per task:", ""]
     for t in tasks:
         md.append(f"- {t}: `{json.dumps({**TASKS[t], **(QUICK[t] if a.quick else {})})}`")
-    md += ["- per method: " + "; ".join(f"{l}: {m} {json.dumps(o)} {json.dumps(e)}" for l, m, o, e in METHODS + ABLATIONS), ""]
+    md += ["- per method: " + "; ".join(f"{l}: {m} {json.dumps(o)} {json.dumps(e)}" for l, m, o, e in METHODS + ABLATIONS + RANKS), ""]
     for t in tasks:
         rows = [{"partition": r["partition"], "method": r["method_label"],
                  r["metric"]: f"{r['initial']:.4f} -> {r['final']:.4f}",
