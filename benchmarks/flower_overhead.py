@@ -92,19 +92,14 @@ def main(argv=None):
     torch.set_num_threads(1)            # as each Flower client: equal thread counts, equal floats
     results, outs = [], {}
 
-    out = base / "local"
-    t = time.perf_counter()
-    local.run(C.from_dict(config(a.quick, str(out))), log=lambda *x: None)
-    results.append(digest("local (in-process)", out, time.perf_counter() - t))
-    outs["local"] = out
-    print(f"[bench] local: {results[-1]['seconds_per_round']:.2f} s/round", file=sys.stderr, flush=True)
-
-    out = base / "flower-sim"
-    t = time.perf_counter()
-    F.run_simulation(C.from_dict(config(a.quick, str(out))), log=lambda *x: None)
-    results.append(digest("Flower simulation (Ray, 2 x 1 CPU)", out, time.perf_counter() - t))
-    outs["flower-sim"] = out
-    print(f"[bench] flower-sim: {results[-1]['seconds_per_round']:.2f} s/round", file=sys.stderr, flush=True)
+    for key, label, engine in (("local", "local (in-process)", local.run),
+                               ("flower-sim", "Flower simulation (Ray, 2 x 1 CPU)", F.run_simulation)):
+        out = base / key
+        t = time.perf_counter()
+        engine(C.from_dict(config(a.quick, str(out))), log=lambda *x: None)
+        results.append(digest(label, out, time.perf_counter() - t))
+        outs[key] = out
+        print(f"[bench] {key}: {results[-1]['seconds_per_round']:.2f} s/round", file=sys.stderr, flush=True)
 
     if not a.skip_deployment:
         work = base / "deployment"

@@ -11,7 +11,7 @@ from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext, weighted_mean
 from lightfed.methods.fedzo import direction_norm, forward_difference
 from lightfed.optim import zeroth_order as zo
-from lightfed.wire import Spec, decode, encoded_size
+from lightfed.wire import Spec, decode, encoded_size, kind_tag
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -159,7 +159,7 @@ def test_seed_only_downlink_rebuilds_the_global_model_bit_for_bit(name):
         for c in cids:
             down = P.broadcast(m, state, rnd, c)
             kind = next(k for k in m.down_kinds(ClientContext(c, rnd, 0, cfg, T.loss, held[c]))
-                        if bytes(down[3:7]) == P.kind_tag(f"{name}/{k}"))
+                        if bytes(down[3:7]) == kind_tag(f"{name}/{k}"))
             assert kind == expect[rnd][c]
             full = len(down) if kind == "down" else full
             if kind != "down":             # round seed + records of 2 steps x (P1 + P2) scalars, not the weights

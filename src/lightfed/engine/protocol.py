@@ -15,7 +15,7 @@ import torch
 
 from lightfed.data.tensors import Data
 from lightfed.methods.base import ClientContext, Method, Rejected
-from lightfed.wire import Spec, WireError, decode, encode, kind_tag
+from lightfed.wire import Spec, WireError, decode, encode, kind_of
 
 SAMPLES = "_n"
 
@@ -37,10 +37,9 @@ def broadcast(method: Method, state, rnd: int, cid: int | None = None, cache: di
 
 def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data, ctx: ClientContext,
                  max_bytes: int) -> tuple[bytes, dict]:
-    kinds = method.down_kinds(ctx)
-    tag = bytes(down[3:7])
-    kind = next((k for k in kinds if kind_tag(f"{method.name}/{k}") == tag), "down")   # else: decode says why
-    fields = decode(down, kinds.get(kind, method.down_schema()), kind=f"{method.name}/{kind}", max_bytes=max_bytes)
+    kinds = {f"{method.name}/{k}": schema for k, schema in method.down_kinds(ctx).items()}
+    kind = kind_of(down, kinds) or f"{method.name}/down"          # none of them: decode says why
+    fields = decode(down, kinds.get(kind, method.down_schema()), kind=kind, max_bytes=max_bytes)
     torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
     update, stats = method.client_update(model, fields, data, ctx)
     return encode({**update, SAMPLES: stats["samples"]}, up_schema(method), kind=f"{method.name}/up"), stats

@@ -211,8 +211,9 @@ class MeZO(Method):
 
     # --- 2. local optimizer ----------------------------------------------------------------------
     def client_update(self, model, down, data, ctx):
-        records = sum(f"{i}.{next(iter(self.scalars()))}" in down for i in range(ctx.round))
+        records = 0                              # seed records replayed (0: the weights came)
         if self.names[0] not in down:            # a seed-only downlink: rebuild the model it stands for
+            records = ctx.round - int(ctx.state[HELD][0])
             down = {**self.catch_up(ctx, down), "round_seed": down["round_seed"]}
         self.load(model, down)
         self._bind(model)
@@ -250,7 +251,7 @@ class MeZO(Method):
         stats = {"steps": K, "samples": samples, "train_loss": loss_sum / K, "loss": loss_sum / K,
                  "flops": sum(flops.values()), **{f"flops_{kind}": v for kind, v in flops.items() if kind != "fwd"},
                  "forwards_per_step": fwds, "memory_accounted": self.memory(model, meas),
-                 "down_seed_only_bytes": self.seed_down_bytes(K), "down_records": records}   # 0: the weights came
+                 "down_seed_only_bytes": self.seed_down_bytes(K), "down_records": records}
         return up, stats
 
     # --- 4. aggregator ---------------------------------------------------------------------------

@@ -118,6 +118,12 @@ def kind_tag(kind: str) -> bytes:
     return hashlib.blake2b(kind.encode("utf-8"), digest_size=4).digest()
 
 
+def kind_of(buf: bytes, kinds) -> str | None:
+    """Which of `kinds` a message's header names (None: none of them, or no header); decode checks the rest."""
+    tag = bytes(memoryview(buf)[3:7]) if len(buf) >= 7 else b""
+    return next((k for k in kinds if kind_tag(k) == tag), None)
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
