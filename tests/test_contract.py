@@ -11,7 +11,8 @@ from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
 from lightfed.wire import encoded_size
 
-CASES = [(m, t) for m in methods.METHODS for t in ("sentiment", "fmnist", "austen")
+ONLY = {"fednl": ("austen", "trivia")}          # FedNL's memory branches need a causal LM
+CASES = [(m, t) for m in methods.METHODS for t in ONLY.get(m, ("sentiment", "fmnist", "austen"))
          if (m, t) != ("vera", "fmnist")] + [("fedavg", "trivia")]   # PEFT's VeRA adapts Linear layers only
 
 
@@ -60,6 +61,9 @@ def test_method_contract(name, task):
     for k in state:
         assert new[k].shape == state[k].shape and torch.isfinite(new[k]).all()
         assert torch.equal(new[k], clean[k])
-    assert any(not torch.equal(new[k], state[k]) for k in state), "a round of training moved nothing"
+    if m.federated:
+        assert any(not torch.equal(new[k], state[k]) for k in state), "a round of training moved nothing"
+    else:
+        assert all(torch.equal(new[k], state[k]) for k in state), "a local-only server state must not move"
     m.load(model, new)
     assert all(torch.equal(v, new[k]) for k, v in m.init_state(model).items())

@@ -156,7 +156,7 @@ def test_a_client_that_crashes_is_dropped_and_the_run_finishes(tmp_path):
 def test_every_method_on_flower_sim_equals_the_local_engine(tmp_path, method):
     """Every method, 3 rounds, every client in every round: what a client keeps between rounds
     (error feedback, warm starts) lives in Flower's Context.state and must give the same result."""
-    task = "sentiment" if method == "vera" else "fmnist"       # VeRA adapts Linear layers only
+    task = {"vera": "sentiment", "fednl": "austen"}.get(method, "fmnist")   # VeRA: Linear layers; FedNL: a causal LM
     tiny_task(task)
     kw = dict(rounds=3, clients=2, fraction=1.0)
     with torch_threads(1):

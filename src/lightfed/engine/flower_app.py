@@ -358,7 +358,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     (out / "setup.json").write_text(json.dumps({**S.info, "engine": engine}, indent=1))
     state = method.init_state(model)
     method.load(model, state)
-    history = [{"round": 0, task.metric: task.evaluate(model, task.test)}]
+    history = [{"round": 0, **local.evaluate(task, model)}]
     with open(out / "metrics.jsonl", "w") as f:
         f.write(json.dumps(history[0]) + "\n")
 

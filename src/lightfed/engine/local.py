@@ -136,7 +136,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
     else:
         start, state, client_states = 0, method.init_state(model), {}
         method.load(model, state)
-        history = [{"round": 0, task.metric: task.evaluate(model, task.test)}]
+        history = [{"round": 0, **evaluate(task, model)}]
     lines = (out / "metrics.jsonl").read_text().splitlines() if resume is not None else []
     with open(out / "metrics.jsonl", "w") as f:      # keep what the checkpoint covers, drop the rest
         kept = [l for l in lines if json.loads(l)["round"] <= start] or [json.dumps(h) for h in history]
@@ -173,8 +173,39 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
     bar.close()
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     summary = summarize(cfg, S, records, time.perf_counter() - t_start)
+    if method.personalised or not method.federated:
+        summary["per_client"] = evaluate_clients(S, state, client_states)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def evaluate(task: tasks.Task, model) -> dict:
+    """{metric: value} on the test set; with test domains also {"per_domain": {domain: value}}, and the
+    metric is then their example-weighted mean (the same number for a mean over examples)."""
+    if task.test_domains is None:
+        return {task.metric: task.evaluate(model, task.test)}
+    per, sizes = {}, {}
+    for d in sorted(set(task.test_domains.tolist())):
+        idx = np.flatnonzero(task.test_domains == d)
+        per[d], sizes[d] = task.evaluate(model, subset(task.test, idx)), len(idx)
+    return {task.metric: sum(per[d] * sizes[d] for d in per) / sum(sizes.values()), "per_domain": per}
+
+
+def evaluate_clients(S: Setup, state, client_states: dict) -> dict:
+    """Each client's own model (method.personal) on the test examples of its domains (all of the test
+    set when the task has no domains). In-process engine only: on Flower a client's state is on its node."""
+    task, method, model = S.task, S.method, S.model
+    out = {}
+    for cid in sorted(client_states):
+        method.personal(model, state, client_states[cid])
+        test = task.test
+        if task.test_domains is not None and task.domains is not None:
+            mine = set(task.domains[S.shards[cid]].tolist())
+            test = subset(task.test, np.flatnonzero(np.isin(task.test_domains, sorted(mine))))
+        out[str(cid)] = {task.metric: task.evaluate(model, test),
+                         "domains": sorted(set(task.domains[S.shards[cid]].tolist())) if task.domains is not None else None}
+    method.load(model, state)
+    return out
 
 
 def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, history: list, client_states: dict,
@@ -194,7 +225,7 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
     if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
         with clock("eval"):
             method.load(model, state)
-            rec[task.metric] = task.evaluate(model, task.test)
+            rec.update(evaluate(task, model))
         bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
     rec["time"] = {"round": 0.0, **clock.total}
     history.append(rec)
@@ -220,6 +251,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(),
         "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
+        "per_domain": evals[-1].get("per_domain"),
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),

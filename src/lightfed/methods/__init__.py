@@ -3,6 +3,7 @@ from lightfed.config import ConfigError, RunConfig, check_options
 from lightfed.methods.base import Method
 from lightfed.methods.decomfl import DeComFL
 from lightfed.methods.fedavg import FedAvg
+from lightfed.methods.fednl import FedNL
 from lightfed.methods.fedprox import FedProx
 from lightfed.methods.fedspzo import FedSPZO
 from lightfed.methods.fedzo import FedZO
@@ -13,7 +14,7 @@ from lightfed.methods.powersgd import PowerSGD
 from lightfed.methods.topk import TopK
 from lightfed.methods.vera import VeRA
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL)}
 
 
 def options(name: str, given: dict):

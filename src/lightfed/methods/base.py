@@ -55,7 +55,8 @@ class NoOptions:
 class Method:
     name = "base"
     Options = NoOptions
-    personalised = False     # True: clients keep private weights; evaluate per client too
+    personalised = False     # True: a client's model is its own (kept in ctx.state): evaluate per client too
+    federated = True         # False: the server state never moves (local-only training, a baseline)
 
     def __init__(self, opts, cfg: RunConfig):
         self.opts, self.cfg = opts, cfg
@@ -76,6 +77,11 @@ class Method:
     def load(self, model: nn.Module, state: State) -> None:
         for n, p in self.trainable(model).items():
             p.copy_(state[n])
+
+    def personal(self, model: nn.Module, state: State, client_state: dict[str, torch.Tensor]) -> None:
+        """Load the model that a client itself uses, from the global state and what it keeps
+        (ctx.state). Default: the global model. Personalised methods override it."""
+        self.load(model, state)
 
     # 3. codec -----------------------------------------------------------------------------------
     def down_schema(self) -> Schema:

@@ -1,0 +1,75 @@
+"""FedNL (federated nested learning): federate the rule that writes memory, never the memory.
+
+    level 0, server:  theta <- sum_k (n_k / n) theta_k                         (FedAvg on theta only)
+    level 1, client:  theta_k <- train theta through the memory trajectory    (backprop through S_1..S_T)
+    level 2, client:  S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T,  o_t = S_t^T q_t   (test time)
+
+The backbone (a Llama-style causal LM) is frozen. In each chosen decoder layer a memory branch
+(`models/delta_memory.MemoryBranch`) reads the attention's input h and adds alpha (.) o_mem through the
+layer's o_proj; theta = its LoRA deltas on the frozen q/k/v projections, its beta projection and its
+per-head gate alpha (0 at start: round 0 is the pretrained model). theta is the only trainable and
+the only transmitted set: the schemas are built from the trainable parameters, and the memory state
+lives in a `delta_memory.Stream`, never a parameter or buffer, so no message can hold it.
+
+Training backpropagates through the memory trajectory of each training sequence from S = 0; the
+trajectory is truncated at the sequence (a task's block or its chunked stream, see tasks.niah).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from lightfed.config import ConfigError
+from lightfed.methods import fedavg
+from lightfed.models import delta_memory
+
+
+@dataclass
+class Options(fedavg.Options):
+    layers: str = "auto"     # decoder layer indices "3,7,11", or auto: `n_layers` spread evenly, the last included
+    n_layers: int = 5
+    r: int = 8               # rank of the LoRA deltas on the memory's q/k/v
+    chunk: int = 64          # tokens per delta-rule chunk (the chunked form; any value gives the same result)
+    lr: float = 1e-3         # theta is new: it learns faster than a fine-tuned weight (0: use the run's lr)
+
+    def check(self):
+        super().check()
+        if self.r < 1 or self.chunk < 1 or self.n_layers < 1:
+            raise ConfigError("fednl: r, chunk and n_layers must be >= 1")
+        if self.layers != "auto" and not all(x.strip().isdigit() for x in self.layers.split(",")):
+            raise ConfigError(f"fednl: layers = {self.layers!r}: use 'auto' or comma-separated layer indices")
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    if attn is None or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")):
+        raise ConfigError(f"fednl needs a Llama-style causal LM (model.layers[i].self_attn with q/k/v/o_proj); "
+                          f"got {type(model).__name__}: use a causal-LM task (trivia, austen, niah)")
+    return layers
+
+
+def choose_layers(spec: str, n: int, total: int) -> list[int]:
+    if spec == "auto":
+        n = min(n, total)
+        return sorted({total - 1 - round(i * total / n) for i in range(n)})
+    idx = sorted({int(x) for x in spec.split(",")})
+    if idx[-1] >= total:
+        raise ConfigError(f"fednl: layers = {spec!r}, but the model has {total} decoder layers (0..{total - 1})")
+    return idx
+
+
+class FedNL(fedavg.FedAvg):
+    name = "fednl"
+    Options = Options
+    personalised = True      # each client's memory is its own (test time); theta is shared
+
+    def prepare(self, model):
+        total = len(decoder_layers(model))
+        for p in model.parameters():
+            p.requires_grad = False
+        o = self.opts
+        self.layers = choose_layers(o.layers, o.n_layers, total)
+        delta_memory.attach(model, self.layers, r=o.r, chunk=o.chunk)
+        return super().prepare(model)

@@ -1,0 +1,176 @@
+"""Delta-rule memory (DeltaNet / Titans style) and the FedNL memory branch for a frozen causal LM.
+
+The memory of one head is a matrix S (d_k x d_v). Each token writes one step of gradient descent on
+the associative loss 1/2 ||S^T k_t - v_t||^2 with step beta_t in (0, 1), then reads with q_t:
+
+    S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T          k_t, q_t L2-normalised
+    o_t = S_t^T q_t
+
+(the spec writes S as d_v x d_k: S_here = S_spec^T, the same numbers). Two forms, equal to ~1e-5:
+- `recurrent`: the loop above, token by token (the reference; also decoding, one token at a time);
+- `chunked`: C tokens at once with the WY / UT transform (Yang et al., 2024). Inside a chunk,
+  with A = I + tril(diag(beta) K K^T, -1) (C x C, unit lower triangular),
+      U = A^{-1} diag(beta) V,  W = A^{-1} diag(beta) K        (a triangular solve)
+      U' = U - W S_0                                           (the chunk's corrected writes)
+      O  = Q S_0 + tril(Q K^T) U',   S_C = S_0 + K^T U'
+  the state carries across chunks, so memory is O(1) in sequence length.
+
+`MemoryBranch` is FedNL's adapter on one decoder layer: q/k/v come from the layer's own frozen
+projections plus LoRA deltas (B A, B = 0 at start), no RoPE (the memory is position-free);
+beta_t = sigmoid(w_b . h_t + b_b) per KV head and token; the read-out goes through the frozen o_proj
+scaled by a per-head gate alpha (0 at start, so the model starts as the pretrained one):
+
+    attn_out + o_proj(alpha (.) o_mem)        (o_proj is linear: the same as gating before it)
+
+The state S never lives in a module: a `Stream` holds it, per stream and per layer, outside every
+parameter and buffer, so no message built from the trainable tensors can carry it.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# --- the delta rule ----------------------------------------------------------------------------
+def recurrent(q, k, v, beta, S=None):
+    """q, k: (B, H, T, dk)  v: (B, H, T, dv)  beta: (B, H, T)  S: (B, H, dk, dv) or None
+    -> o: (B, H, T, dv), S_T."""
+    B, H, T, dk = k.shape
+    S = k.new_zeros(B, H, dk, v.shape[-1]) if S is None else S
+    out = []
+    for t in range(T):
+        kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None]                  # (B, H, dk) (B, H, dv) (B, H, 1)
+        err = vt - torch.einsum("bhkv,bhk->bhv", S, kt)                            # v_t - S^T k_t
+        S = S + torch.einsum("bhk,bhv->bhkv", kt, bt * err)                        # rank-1 write
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))                    # read S_t^T q_t
+    return torch.stack(out, 2), S
+
+
+def chunked(q, k, v, beta, S=None, chunk: int = 64):
+    """The same map as `recurrent`, C = `chunk` tokens at a time (T need not divide by C)."""
+    B, H, T, dk = k.shape
+    S = k.new_zeros(B, H, dk, v.shape[-1]) if S is None else S
+    out = []
+    for s in range(0, T, chunk):
+        Q, K, V, b = q[:, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk], beta[:, :, s:s + chunk, None]
+        C = K.shape[2]
+        eye = torch.eye(C, dtype=K.dtype, device=K.device)
+        A = eye + torch.tril(b * (K @ K.transpose(-1, -2)), -1)                    # (B, H, C, C)
+        W = torch.linalg.solve_triangular(A, b * K, upper=False, unitriangular=True)   # (B, H, C, dk)
+        U = torch.linalg.solve_triangular(A, b * V, upper=False, unitriangular=True)   # (B, H, C, dv)
+        U = U - W @ S                                                               # writes given S_0
+        out.append(Q @ S + torch.tril(Q @ K.transpose(-1, -2)) @ U)                # (B, H, C, dv)
+        S = S + K.transpose(-1, -2) @ U
+    return torch.cat(out, 2), S
+
+
+# --- per-stream state, outside the model -------------------------------------------------------
+class Stream:
+    """The private memory of one input stream: {layer index: S (B, H, dk, dv)}. Never a parameter
+    or buffer; dropped when the stream ends. `grad=True` (training): the states keep their graph, so
+    the loss of a later chunk backpropagates through the whole memory trajectory."""
+
+    def __init__(self, grad: bool = False):
+        self.S: dict[int, torch.Tensor] = {}
+        self.grad = grad
+
+    def nbytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.S.values())
+
+
+def branches(model: nn.Module) -> list["MemoryBranch"]:
+    return [m for m in model.modules() if isinstance(m, MemoryBranch)]
+
+
+@contextlib.contextmanager
+def stream(model: nn.Module, st: Stream | None = None):
+    """with stream(model) as st: model(chunk_1); model(chunk_2); ...   the memory carries across calls."""
+    st = st if st is not None else Stream()
+    mods = branches(model)
+    for m in mods:
+        m.stream = st
+    try:
+        yield st
+    finally:
+        for m in mods:
+            m.stream = None
+
+
+# --- FedNL's memory branch on one Llama-style attention ----------------------------------------
+class LowRank(nn.Module):
+    """x -> B A x (r x d_in, d_out x r); B starts at 0 so the delta starts at 0 (LoRA's init)."""
+
+    def __init__(self, d_in: int, d_out: int, r: int):
+        super().__init__()
+        self.A = nn.Parameter(torch.randn(r, d_in) / math.sqrt(d_in))
+        self.B = nn.Parameter(torch.zeros(d_out, r))
+
+    def forward(self, x):
+        return (x @ self.A.T) @ self.B.T
+
+
+class MemoryBranch(nn.Module):
+    """Reads the attention's input h (B, T, d), returns the gated memory read-out (B, T, d)."""
+
+    def __init__(self, attn: nn.Module, layer: int, r: int = 8, chunk: int = 64, beta_bias: float = 0.0):
+        super().__init__()
+        self.layer, self.chunk = layer, chunk
+        self.attn = [attn]                                 # the frozen projections, not a submodule (no new names)
+        d = attn.q_proj.in_features
+        self.dh = attn.head_dim
+        self.H, self.Hkv = attn.q_proj.out_features // self.dh, attn.k_proj.out_features // self.dh
+        self.q = LowRank(d, self.H * self.dh, r)
+        self.k = LowRank(d, self.Hkv * self.dh, r)
+        self.v = LowRank(d, self.Hkv * self.dh, r)
+        self.beta = nn.Linear(d, self.Hkv)
+        nn.init.zeros_(self.beta.weight)
+        nn.init.constant_(self.beta.bias, beta_bias)       # sigmoid(0) = 0.5 at start
+        self.alpha = nn.Parameter(torch.zeros(self.H))     # per-head gate: 0 = the pretrained model
+        self.stream: Stream | None = None
+
+    def qkv(self, h):
+        """h: (B, T, d) -> q (B, H, T, dh), k, v (B, H, T, dh) (KV heads repeated as in GQA), beta (B, H, T)."""
+        a, (B, T, _) = self.attn[0], h.shape
+        heads = lambda x, n: x.view(B, T, n, self.dh).transpose(1, 2)                 # noqa: E731
+        q = heads(a.q_proj(h) + self.q(h), self.H)
+        k = heads(a.k_proj(h) + self.k(h), self.Hkv)
+        v = heads(a.v_proj(h) + self.v(h), self.Hkv)
+        beta = torch.sigmoid(self.beta(h)).transpose(1, 2)                              # (B, Hkv, T)
+        g = self.H // self.Hkv
+        k, v, beta = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), beta.repeat_interleave(g, 1)
+        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta
+
+    def forward(self, h):
+        q, k, v, beta = self.qkv(h)
+        S0 = self.stream.S.get(self.layer) if self.stream is not None else None
+        if S0 is not None and S0.shape[0] != h.shape[0]:
+            S0 = S0.expand(h.shape[0], *S0.shape[1:])       # one warmed memory read by a batch
+        o, S = chunked(q, k, v, beta, S0, self.chunk) if h.shape[1] > 1 else recurrent(q, k, v, beta, S0)
+        if self.stream is not None:
+            self.stream.S[self.layer] = S if self.stream.grad else S.detach()
+        B, _, T, _ = o.shape
+        o = (o * self.alpha.view(1, -1, 1, 1)).transpose(1, 2).reshape(B, T, self.H * self.dh)
+        return self.attn[0].o_proj(o)                       # (B, T, d)
+
+    def hook(self, module, args, kwargs, output):
+        """Forward hook on the attention: attn_out + memory read-out."""
+        h = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        return (output[0] + self(h), *output[1:])
+
+
+def attach(model: nn.Module, layers: list[int], r: int, chunk: int) -> list[MemoryBranch]:
+    """Add a memory branch to each chosen decoder layer of a Llama-style causal LM (in place).
+    The branch is the layer's submodule `memory`; the backbone's parameter names do not change."""
+    decoder = model.model.layers
+    out = []
+    for i in layers:
+        layer = decoder[i]
+        m = MemoryBranch(layer.self_attn, i, r=r, chunk=chunk)
+        layer.memory = m
+        layer.self_attn.register_forward_hook(m.hook, with_kwargs=True)
+        out.append(m)
+    return out

@@ -1,0 +1,187 @@
+"""FedNL: the delta-rule memory (two forms, exact recall, gradients through the trajectory), the
+memory branch on a frozen causal LM, streaming with flat memory, and no memory state on the wire."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_config, tiny_task
+from lightfed import methods
+from lightfed.data.tensors import subset
+from lightfed.engine import protocol as P
+from lightfed.measure import PeakRSS
+from lightfed.methods.base import ClientContext
+from lightfed.models import delta_memory as D
+from lightfed.models import streaming
+
+
+def qkvb(B=2, H=3, T=150, dk=16, dv=8, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)   # noqa: E731
+    q, k = F.normalize(r(B, H, T, dk), dim=-1), F.normalize(r(B, H, T, dk), dim=-1)
+    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64).to(dtype)
+    return q, k, r(B, H, T, dv), beta, r(B, H, dk, dv)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32, 64, 200])
+def test_chunked_equals_recurrent_across_chunks_and_from_a_state(chunk):
+    q, k, v, beta, S0 = qkvb()
+    o1, S1 = D.recurrent(q, k, v, beta, S0)
+    o2, S2 = D.chunked(q, k, v, beta, S0, chunk=chunk)
+    assert (o1 - o2).abs().max() < 1e-5 and (S1 - S2).abs().max() < 1e-5
+    # carrying the state through two calls == one call over the whole input
+    oa, Sa = D.chunked(q[:, :, :90], k[:, :, :90], v[:, :, :90], beta[:, :, :90], S0, chunk=chunk)
+    ob, Sb = D.chunked(q[:, :, 90:], k[:, :, 90:], v[:, :, 90:], beta[:, :, 90:], Sa, chunk=chunk)
+    assert (torch.cat([oa, ob], 2) - o1).abs().max() < 1e-5 and (Sb - S1).abs().max() < 1e-5
+
+
+def test_exact_recall_with_orthonormal_keys_and_step_one():
+    dk, dv, n = 16, 5, 16
+    g = torch.Generator().manual_seed(1)
+    keys = torch.linalg.qr(torch.randn(dk, dk, generator=g, dtype=torch.float64))[0][:, :n].T   # (n, dk) orthonormal
+    vals = torch.randn(n, dv, generator=g, dtype=torch.float64)
+    k, v = keys[None, None], vals[None, None]
+    for fn in (D.recurrent, lambda *a: D.chunked(*a, chunk=5)):
+        _, S = fn(k, k, v, torch.ones(1, 1, n, dtype=torch.float64))
+        o, _ = D.recurrent(k, k, torch.zeros_like(v), torch.zeros(1, 1, n, dtype=torch.float64), S)   # read only
+        assert torch.allclose(o[0, 0], vals, atol=1e-12)
+    # a second write to the same key replaces its value (the delta rule), not adds to it
+    k2 = torch.cat([k, k[:, :, :1]], 2)
+    v2 = torch.cat([v, 7 * torch.ones(1, 1, 1, dv, dtype=torch.float64)], 2)
+    _, S = D.chunked(k2, k2, v2, torch.ones(1, 1, n + 1, dtype=torch.float64), chunk=4)
+    assert torch.allclose(S.transpose(-1, -2) @ keys[0], 7 * torch.ones(dv, dtype=torch.float64), atol=1e-12)
+
+
+def test_chunked_gradients_match_finite_differences():
+    q, k, v, beta, S0 = qkvb(B=1, H=2, T=11, dk=4, dv=3, dtype=torch.float64)
+    args = [t.requires_grad_() for t in (q, k, v, beta, S0)]
+    assert torch.autograd.gradcheck(lambda *a: D.chunked(*a, chunk=4)[0], args, eps=1e-6, atol=1e-5)
+
+
+def fednl_model(task="austen", seed=0, **opts):
+    T = tiny_task(task)
+    cfg = tiny_config(task, "fednl", method_options=opts)
+    m = methods.build(cfg)
+    return T, cfg, m, m.prepare(copy.deepcopy(T.model))
+
+
+def test_the_model_starts_as_the_pretrained_one_and_only_theta_trains():
+    T, cfg, m, model = fednl_model()
+    ids = T.train["input_ids"][:2]
+    assert torch.equal(model(input_ids=ids).logits, T.model(input_ids=ids).logits)   # alpha = 0
+    assert set(m.shapes) == {n for n, _ in model.named_parameters() if ".memory." in n}
+    assert all(not p.requires_grad for n, p in model.named_parameters() if ".memory." not in n)
+
+
+def test_gradients_through_the_memory_trajectory_match_finite_differences():
+    """A 3-chunk stream in float64: d loss / d theta along a random direction, autograd vs central differences."""
+    T, cfg, m, model = fednl_model(chunk=4)
+    model = model.double()
+    g = torch.Generator().manual_seed(0)
+    theta = m.trainable(model)
+    with torch.no_grad():
+        for p in theta.values():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))      # away from the zero init
+    ids = T.train["input_ids"][:2, :24]
+    tmask = torch.zeros_like(ids, dtype=torch.bool)
+    tmask[:, 17:] = True                                                        # targets in the last chunk only
+    loss = lambda: streaming.target_nll(model, ids, tmask, window=8)            # noqa: E731
+    model.zero_grad()
+    loss().backward()
+    d = {n: torch.randn(p.shape, generator=g, dtype=p.dtype) for n, p in theta.items()}
+    analytic = sum((p.grad * d[n]).sum() for n, p in theta.items()).item()
+    eps = 1e-3      # Llama's RMSNorm computes in float32 even for float64 inputs: ~1e-7 noise in the loss
+    with torch.no_grad():
+        for n, p in theta.items():
+            p.add_(eps * d[n])
+        up = loss().item()
+        for n, p in theta.items():
+            p.add_(-2 * eps * d[n])
+        down = loss().item()
+    assert abs(analytic) > 1e-4, "the direction must matter"
+    assert abs((up - down) / (2 * eps) - analytic) < 1e-3 * max(1.0, abs(analytic))
+
+
+def test_training_leaves_the_backbone_bit_identical_and_moves_theta():
+    T, cfg, m, model = fednl_model()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if n not in m.shapes}
+    state = m.init_state(model)
+    down = P.broadcast(m, state, 1)
+    ctx = ClientContext(0, 1, 5, cfg, T.loss, {})
+    P.client_round(m, model, down, subset(T.train, range(16)), ctx, cfg.max_message_bytes)
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+    assert any(not torch.equal(p, state[n]) for n, p in m.trainable(model).items())
+
+
+def test_no_message_carries_memory_state():
+    """By construction the schemas list theta only; a client whose memory holds a long stream sends
+    the same bytes as one whose memory is empty; the state is in no parameter, buffer or state_dict."""
+    T, cfg, m, model = fednl_model()
+    state = m.init_state(model)
+    names = set(m.up_schema()) | set(m.down_schema())
+    assert names == set(m.shapes) == set(state)
+    down = P.broadcast(m, state, 1)
+    data = subset(T.train, range(16))
+
+    def upload():
+        return P.client_round(m, model, down, data, ClientContext(0, 1, 9, cfg, T.loss, {}), cfg.max_message_bytes)[0]
+
+    quiet = upload()
+    with torch.no_grad():
+        for n, p in m.trainable(model).items():
+            if n.endswith("alpha"):
+                p.fill_(1.0)
+    _, nbytes = streaming.stream_nll(model, T.test["input_ids"][:1].repeat(1, 8), window=32)
+    assert nbytes > 0
+    st = D.Stream()
+    with D.stream(model, st):
+        model(input_ids=T.test["input_ids"][:1])
+    assert st.S and all(t.abs().sum() > 0 for t in st.S.values())
+    pointers = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    pointers |= {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    assert not any(s.untyped_storage().data_ptr() in pointers for s in st.S.values())
+    assert not any(tuple(t.shape) == tuple(s.shape[1:]) for t in state.values() for s in st.S.values())
+    assert all(b.stream is None for b in D.branches(model)), "the stream is released after use"
+    assert upload() == quiet
+
+
+def test_streaming_keeps_memory_flat_as_the_input_grows():
+    """A tiny FedNL model streams 1x and 8x the input: the state held is the same exact bytes, and the
+    measured peak RSS rise does not grow with length; the full-KV backbone's cache grows 8x."""
+    T, cfg, m, model = fednl_model()
+    model.eval()
+    base = T.test["input_ids"].reshape(1, -1)[:, :256]
+    rises, held = [], []
+    for reps in (1, 8):
+        ids = base.repeat(1, reps)
+        streaming.stream_nll(model, ids[:, :64], 64)                              # warm-up allocations
+        with PeakRSS() as mem:
+            nll, nbytes = streaming.stream_nll(model, ids, 64)
+        assert nll.shape == (ids.shape[1] - 1,) and torch.isfinite(nll).all()
+        rises.append(mem.rise)
+        held.append(nbytes)
+    assert held[0] == held[1] > 0
+    if rises[0] is not None:
+        assert rises[1] <= 1.1 * rises[0] + 4 * 2**20, rises
+    kv = [streaming.kv_nll(T.model, base.repeat(1, r), 64)[1] for r in (1, 8)]
+    assert kv[1] == 8 * kv[0]
+
+
+def test_chunked_stream_equals_one_forward_within_a_window():
+    T, cfg, m, model = fednl_model()
+    with torch.no_grad():
+        for n, p in m.trainable(model).items():
+            p.normal_(0, 0.1)
+    ids = T.test["input_ids"][:1, :30]
+    nll, _ = streaming.stream_nll(model, ids, window=64)
+    ref = F.cross_entropy(model(input_ids=ids).logits[0, :-1], ids[0, 1:], reduction="none")
+    assert torch.allclose(nll, ref, atol=1e-5)
+
+
+def test_fednl_refuses_a_model_it_cannot_adapt():
+    from lightfed.config import ConfigError
+    T = tiny_task("sentiment")
+    m = methods.build(tiny_config("sentiment", "fednl"))
+    with pytest.raises(ConfigError, match="Llama-style causal LM"):
+        m.prepare(copy.deepcopy(T.model))
