@@ -1,6 +1,7 @@
 """FedNL: the delta-rule memory (two forms, exact recall, gradients through the trajectory), the
 memory branch on a frozen causal LM, streaming with flat memory, and no memory state on the wire."""
 import copy
+import json
 
 import pytest
 import torch
@@ -185,3 +186,20 @@ def test_fednl_refuses_a_model_it_cannot_adapt():
     m = methods.build(tiny_config("sentiment", "fednl"))
     with pytest.raises(ConfigError, match="Llama-style causal LM"):
         m.prepare(copy.deepcopy(T.model))
+
+
+def test_niah_task_trains_on_its_own_needles_and_scores_per_template_and_length(tmp_path):
+    """The niah task end to end in the in-process engine: 7 clients, one template each (domain split);
+    the result has the metric per template and per (template, length) cell; training needles are not
+    evaluation needles."""
+    from lightfed.engine import local
+    T = tiny_task("niah")
+    assert set(T.domains.tolist()) == set(T.test_domains.tolist()) and len(set(T.domains.tolist())) == 7
+    cfg = tiny_config("niah", "fednl", tmp_path, clients=7, fraction=1.0, rounds=1, partition="domain", batch_size=2, local_steps=1)
+    s = local.run(cfg, log=lambda *a: None)
+    assert set(s["per_domain"]) == set(T.domains.tolist())
+    assert all(set(c) == {"256", "384"} for c in s["cells"].values())
+    assert abs(s["final"] - sum(sum(c.values()) for c in s["cells"].values()) / 14) < 1e-9
+    assert set(s["per_client"]) == {str(k) for k in range(7)} and s["bytes"]["up_per_client_round"] > 0
+    setup = json.loads((tmp_path / "setup.json").read_text())
+    assert [len(c["examples"]) if isinstance(c["examples"], list) else c["examples"] for c in setup["clients"]] == [2] * 7

@@ -182,6 +182,12 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
 def evaluate(task: tasks.Task, model) -> dict:
     """{metric: value} on the test set; with test domains also {"per_domain": {domain: value}}, and the
     metric is then their example-weighted mean (the same number for a mean over examples)."""
+    if task.details is not None:         # one pass gives the metric, per domain and per cell
+        raw = task.details(model, task.test)
+        flat = {d: [x for xs in cells.values() for x in xs] for d, cells in raw.items()}
+        return {task.metric: float(np.mean([x for xs in flat.values() for x in xs])),
+                "per_domain": {d: float(np.mean(xs)) for d, xs in sorted(flat.items())},
+                "cells": {d: {c: float(np.mean(xs)) for c, xs in cells.items()} for d, cells in sorted(raw.items())}}
     if task.test_domains is None:
         return {task.metric: task.evaluate(model, task.test)}
     per, sizes = {}, {}
@@ -251,7 +257,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(),
         "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
-        "per_domain": evals[-1].get("per_domain"),
+        "per_domain": evals[-1].get("per_domain"), "cells": evals[-1].get("cells"),
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),

@@ -3,7 +3,10 @@ from lightfed.config import ConfigError, RunConfig, check_options
 from lightfed.methods.base import Method
 from lightfed.methods.decomfl import DeComFL
 from lightfed.methods.fedavg import FedAvg
+from lightfed.methods.fedala import FedALA
 from lightfed.methods.fednl import FedNL
+from lightfed.methods.fedssi import FedSSI
+from lightfed.methods.local_only import LocalOnly
 from lightfed.methods.fedprox import FedProx
 from lightfed.methods.fedspzo import FedSPZO
 from lightfed.methods.fedzo import FedZO
@@ -14,7 +17,7 @@ from lightfed.methods.powersgd import PowerSGD
 from lightfed.methods.topk import TopK
 from lightfed.methods.vera import VeRA
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL, FedALA, FedSSI, LocalOnly)}
 
 
 def options(name: str, given: dict):

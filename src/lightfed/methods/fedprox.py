@@ -24,6 +24,10 @@ class FedProx(fedavg.FedAvg):
     Options = Options
 
     def regularizer(self, params, down):
-        mu = self.opts.mu
-        anchor = {n: down[n].detach().clone() for n in params}   # w_global, fixed during the round
-        return lambda: 0.5 * mu * sum(((p - anchor[n]) ** 2).sum() for n, p in params.items())
+        return proximal(params, down, self.opts.mu)
+
+
+def proximal(params, down, mu: float):
+    """(mu / 2) ||w - w_global||^2 over the trainable tensors (w_global: the broadcast, fixed in the round)."""
+    anchor = {n: down[n].detach().clone() for n in params}
+    return lambda: 0.5 * mu * sum(((p - anchor[n]) ** 2).sum() for n, p in params.items())

@@ -2,6 +2,7 @@
 W + (alpha / r) B A with A (r x in), B (out x r) trainable. Clients train A, B (and a task head,
 if the model has one: it is new, so it must learn) and the server averages them like FedAvg
 (A and B averaged separately, the usual FedAvg+LoRA, which is not the mean of the products).
+`mu > 0` adds FedProx's proximal term on the adapters: FedProx (LoRA).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from lightfed.config import ConfigError
-from lightfed.methods import fedavg
+from lightfed.methods import fedavg, fedprox
 
 # target layers by backbone family: attention projections, or every conv of the ResNet
 AUTO_TARGETS = {"BertModel": ["query", "value"], "LlamaForCausalLM": ["q_proj", "v_proj"], "GNResNet": ["conv1", "conv2"]}
@@ -23,11 +24,14 @@ class Options(fedavg.Options):
     dropout: float = 0.0
     targets: str = "auto"        # comma-separated module names, or auto (see AUTO_TARGETS)
     train_head: bool = True      # the task head (if any) is trained and sent in full
+    mu: float = 0.0              # > 0: FedProx's proximal term (mu / 2) ||w - w_global||^2 on the adapters
 
     def check(self):
         super().check()
         if self.r < 1:
             raise ConfigError(f"r = {self.r}: LoRA rank must be >= 1")
+        if self.mu < 0:
+            raise ConfigError(f"mu = {self.mu}: must be >= 0")
 
 
 def auto_targets(model: nn.Module) -> list[str]:
@@ -60,3 +64,6 @@ class LoRA(fedavg.FedAvg):
                                                    target_modules=resolve_targets(model, o.targets)), model)
         train_only(model, "lora_", o.train_head)
         return super().prepare(model)
+
+    def regularizer(self, params, down):
+        return fedprox.proximal(params, down, self.opts.mu) if self.opts.mu else None

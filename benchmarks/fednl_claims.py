@@ -1,0 +1,337 @@
+"""FedNL's claims on SmolLM2-135M, each part measured, written to results/<name>.{json,md,png}.
+
+    python benchmarks/fednl_claims.py --parts bytes,memory,ce            # the cheap parts (CPU: ~30 min)
+    python benchmarks/fednl_claims.py --parts niah,trivia --seeds 0,1,2   # the accuracy grids (GPU-sized at full scale)
+    python benchmarks/fednl_claims.py --size smoke --parts all --seeds 0  # every part at toy sizes (minutes)
+
+Parts:
+- bytes:  the upload of one client in one round, len() of the encoded message, for FedNL's theta, FedAvg+LoRA
+          and full-weight FedAvg (the same encoder the engines use; target: FedNL >= 350x below FedAvg).
+- memory: peak inference memory streaming 1K..16K tokens: FedNL (local window + memory) vs the backbone with a
+          full KV cache (stops at its 8,192-token context); each point in its own process (RSS peak and rise,
+          and the exact bytes of the state held: S per memory layer, or the KV cache).
+- ce:     FedNL and FedAvg+LoRA trained in the streaming setting on Austen (6 clients, one novel each), then the
+          per-token cross-entropy along a 16K-token stream of held-out Austen text (the last 10% of the novels),
+          bucketed by position and normalised by the first bucket, next to the frozen backbone in the same setting.
+- niah:   7 clients, one RULER-style template each (data/niah.py), accuracy per template and length.
+- trivia: 5 clients by domain; accuracy per domain and the aggregation drop (local-only minus federated).
+Every accuracy figure is the mean and spread over the seeds given (3 for a claim).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import RESULTS, meta, run_grid, write  # noqa: E402
+
+WINDOW = 512            # attention window of the streaming setting (tokens)
+SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is the issue's full grid
+    "smoke": {"lengths": [1024, 2048], "ce_tokens": 2048, "ce_bucket": 256, "austen": {"block_len": 512, "train_blocks": 12, "test_blocks": 6},
+              "rounds": 1, "niah": {"lengths": "1024", "train_per_template": 2, "test_per_cell": 1, "train_len": 512},
+              "trivia": {"train_size": 40, "test_size": 40, "max_len": 32}, "local_steps": 1, "batch": 2},
+    "cpu": {"lengths": [1024, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
+            "austen": {"block_len": 1024, "train_blocks": 24, "test_blocks": 6},
+            "rounds": 2, "niah": {"lengths": "1024,4096", "train_per_template": 4, "test_per_cell": 2, "train_len": 1024},
+            "trivia": {"train_size": 200, "test_size": 400, "max_len": 32}, "local_steps": 4, "batch": 4},
+    "gpu": {"lengths": [1024, 2048, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
+            "austen": {"block_len": 2048, "train_blocks": 240, "test_blocks": 12},
+            "rounds": 10, "niah": {"lengths": "1024,2048,4096,8192,16384", "train_per_template": 64, "test_per_cell": 10,
+                                   "train_len": 2048},
+            "trivia": {"train_size": 2000, "test_size": 1000, "max_len": 48}, "local_steps": 20, "batch": 8},
+}
+# (label, method, options): the personalised and static baselines of FedNL's paper, on the same backbone
+METHODS = [("FedNL", "fednl", {}), ("FedAvg+LoRA", "lora", {"lr": 1e-3}), ("FedProx (LoRA)", "lora", {"lr": 1e-3, "mu": 0.01}),
+           ("FedALA", "fedala", {"lr": 1e-3}), ("FedSSI", "fedssi", {"lr": 1e-3}), ("local-only", "local", {"lr": 1e-3})]
+
+
+def _model(method: str, opts: dict):
+    from lightfed import config as C, methods
+    from lightfed.models import backbones
+    m = methods.build(C.from_dict({"task": "austen", "method": method, "method_options": opts}))
+    return m, m.prepare(backbones.smollm2(False, 0))
+
+
+# --- bytes -------------------------------------------------------------------------------------
+def part_bytes(size: dict) -> dict:
+    from lightfed.engine import protocol as P
+    from lightfed.wire import encode
+    rows = []
+    for label, method, opts in [("FedNL (theta, fp32)", "fednl", {}), ("FedNL (theta, bf16)", "fednl", {"codec": "bf16"}),
+                                ("FedAvg+LoRA (q,v r=8)", "lora", {}), ("FedAvg (all weights, fp32)", "fedavg", {})]:
+        m, model = _model(method, opts)
+        state = m.init_state(model)
+        up = encode({**state, P.SAMPLES: 1}, P.up_schema(m), kind=f"{m.name}/up")
+        rows.append({"label": label, "trainable": sum(v.numel() for v in state.values()), "up_bytes": len(up),
+                     "down_bytes": len(P.broadcast(m, state, 1))})
+        del model, state, up
+    full = rows[-1]["up_bytes"]
+    for r in rows:
+        r["x_fewer_than_fedavg"] = full / r["up_bytes"]
+    return {"rows": rows}
+
+
+# --- memory: one (mode, length) per process -------------------------------------------------------
+def memory_point(mode: str, length: int) -> dict:
+    import torch
+    from lightfed.data import datasets, niah
+    from lightfed.measure import PeakRSS
+    from lightfed.models import backbones, streaming
+    torch.set_num_threads(2)
+    tok = backbones.smollm2_tokenizer()
+    tok.model_max_length = 10**9
+    text = niah.haystack_split(datasets.load_austen(), "eval")
+    ids = torch.tensor([tok(text[: length * 8], add_special_tokens=False)["input_ids"][:length]])
+    if mode == "fednl":
+        _, model = _model("fednl", {})
+    else:
+        model = backbones.smollm2(False, 0)
+    model.eval()
+    t = time.time()
+    with PeakRSS() as mem:
+        if mode == "fednl":
+            nll, held = streaming.stream_nll(model, ids, WINDOW)
+            stopped = False
+        else:
+            nll, held, stopped = streaming.kv_nll(model, ids, WINDOW)
+    return {"mode": mode, "length": length, "tokens_done": int(nll.numel()) + 1, "stopped_at_limit": stopped,
+            "rss_peak": mem.peak, "rss_rise": mem.rise, "state_bytes": held, "seconds": time.time() - t}
+
+
+def part_memory(size: dict) -> dict:
+    pts = []
+    for mode in ("fednl", "kv"):
+        for n in size["lengths"]:
+            print(f"[memory] {mode} {n}", file=sys.stderr, flush=True)
+            p = subprocess.run([sys.executable, __file__, "--memory-point", f"{mode}:{n}"], capture_output=True, text=True)
+            if p.returncode:
+                raise RuntimeError(p.stderr[-2000:])
+            pts.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    f = [p for p in pts if p["mode"] == "fednl"]
+    growth = f[-1]["rss_peak"] / f[0]["rss_peak"] - 1 if f[0]["rss_peak"] else None
+    return {"window": WINDOW, "points": pts, "fednl_peak_growth": growth}
+
+
+# --- runs (ce, niah, trivia) ---------------------------------------------------------------------
+def base_run(size: dict, task: str, task_options: dict, clients: int, seed: int) -> dict:
+    return {"task": task, "clients": clients, "fraction": 1.0, "rounds": size["rounds"], "partition": "domain",
+            "seed": seed, "batch_size": size["batch"], "local_steps": size["local_steps"], "lr": 1e-3,
+            "eval_every": size["rounds"], "progress": False, "task_options": task_options}
+
+
+def grid(size, task, task_options, clients, seeds, methods, tag, workers):
+    g = []
+    for seed in seeds:
+        for label, method, opts in methods:
+            c = base_run(size, task, task_options, clients, seed)
+            c.update(method=method, method_options=opts, out=str(Path("runs") / "fednl_claims" / f"{tag}-{method}-{label}-s{seed}".replace(" ", "_")))
+            g.append((f"{tag} {label} s{seed}", c))
+    return g, run_grid(g, workers)
+
+
+def final_model(summary: dict):
+    """The run's final global model (from its checkpoint), ready to evaluate."""
+    from lightfed import config as C
+    from lightfed.engine import local
+    cfg = C.from_dict(summary["config"])
+    S = local.build(cfg)
+    _, state, _, _ = local.load_checkpoint(Path(summary["out"]))
+    S.method.load(S.model, state)
+    return S.model.eval()
+
+
+def ce_curve(model, ids, bucket: int) -> list[float]:
+    from lightfed.models import streaming
+    nll, _ = streaming.stream_nll(model, ids, WINDOW)
+    n = nll.numel() // bucket
+    return [float(x) for x in nll[: n * bucket].view(n, bucket).mean(1)]
+
+
+def part_ce(size: dict, seeds, workers) -> dict:
+    import torch
+    from lightfed.data import datasets, niah
+    from lightfed.models import backbones
+    torch.set_num_threads(2)
+    to = {**size["austen"], "window": WINDOW}
+    g, sums = grid(size, "austen", to, 6, seeds, [m for m in METHODS if m[0] in ("FedNL", "FedAvg+LoRA")], "austen", workers)
+    tok = backbones.smollm2_tokenizer()
+    tok.model_max_length = 10**9
+    text = niah.haystack_split(datasets.load_austen(), "eval")
+    ids = torch.tensor([tok(text[: size["ce_tokens"] * 8], add_special_tokens=False)["input_ids"][: size["ce_tokens"]]])
+    curves = {"frozen backbone": ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"])}
+    for (label, _), s in zip(g, sums):
+        if "error" not in s:
+            curves[label] = ce_curve(final_model(s), ids, size["ce_bucket"])
+    trend = {k: v[-1] / v[0] - 1 for k, v in curves.items()}
+    return {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "curves": curves, "trend_last_vs_first": trend,
+            "runs": [{"label": l, "final_perplexity": s.get("final"), "initial": s.get("initial"), "bytes": s.get("bytes")}
+                     for (l, _), s in zip(g, sums)]}
+
+
+def ms(xs):
+    xs = [x for x in xs if x is not None]
+    return (float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0, len(xs))
+
+
+def part_niah(size, seeds, workers) -> dict:
+    to = {**size["niah"], "window": WINDOW}
+    g, sums = grid(size, "niah", to, 7, seeds, METHODS, "niah", workers)
+    by = {}
+    for (label, _), s in zip(g, sums):
+        name = label.split(" ", 1)[1].rsplit(" ", 1)[0]
+        by.setdefault(name, []).append(s)
+    out = {}
+    for name, ss in by.items():
+        ok = [s for s in ss if "error" not in s]
+        cells = {}
+        for s in ok:
+            for t, c in (s.get("cells") or {}).items():
+                for n, v in c.items():
+                    cells.setdefault(t, {}).setdefault(n, []).append(v)
+        out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]),
+                     "cells": {t: {n: ms(v) for n, v in c.items()} for t, c in cells.items()},
+                     "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
+                     "per_client": [s.get("per_client") for s in ok], "errors": [s["error"] for s in ss if "error" in s]}
+    return {"window": WINDOW, "task_options": to, "methods": out}
+
+
+def part_trivia(size, seeds, workers) -> dict:
+    g, sums = grid(size, "trivia", size["trivia"], 5, seeds, METHODS, "trivia", workers)
+    by = {}
+    for (label, _), s in zip(g, sums):
+        by.setdefault(label.split(" ", 1)[1].rsplit(" ", 1)[0], []).append(s)
+    # aggregation drop per domain: the local-only client's own model on its domain minus the federated model there
+    local = {}
+    for s in by.get("local-only", []):
+        if "error" in s:
+            continue
+        for c in s["per_client"].values():
+            if len(c["domains"]) == 1:
+                local.setdefault((s["config"]["seed"], c["domains"][0]), c["accuracy"])
+    out = {}
+    for name, ss in by.items():
+        ok = [s for s in ss if "error" not in s]
+        doms = sorted({d for s in ok for d in (s.get("per_domain") or {})})
+        per_dom = {d: ms([s["per_domain"][d] for s in ok]) for d in doms}
+        drop = {d: ms([local[(s["config"]["seed"], d)] - s["per_domain"][d] for s in ok if (s["config"]["seed"], d) in local])
+                for d in doms if any((s["config"]["seed"], d) in local for s in ok)}
+        out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
+                     "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
+                     "errors": [s["error"] for s in ss if "error" in s]}
+    return {"task_options": size["trivia"], "methods": out}
+
+
+# --- report --------------------------------------------------------------------------------------
+def fmt(x, nd=3):
+    if isinstance(x, (list, tuple)) and len(x) == 3:
+        return f"{x[0]:.{nd}f} ± {x[1]:.{nd}f} (n={x[2]})"
+    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def markdown(res: dict) -> str:
+    L = [f"# FedNL claims (SmolLM2-135M)\n\nCommand: `{res['meta']['command']}`  \nDate: {res['meta']['date']}; size preset "
+         f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; seeds {res['seeds']}. Streaming setting: attention local to "
+         f"{WINDOW}-token chunks, FedNL's memory carrying across.\n"]
+    if "bytes" in res:
+        L += ["## Uplink per client per round (len of the encoded message)\n", "| method | trainable | up bytes | x fewer than FedAvg |", "|---|---|---|---|"]
+        L += [f"| {r['label']} | {r['trainable']:,} | {r['up_bytes']:,} | {r['x_fewer_than_fedavg']:,.1f} |" for r in res["bytes"]["rows"]]
+        f = res["bytes"]["rows"][0]["x_fewer_than_fedavg"]
+        L += [f"\nTarget >= 350x below full-weight FedAvg: **{'met' if f >= 350 else 'missed'}** ({f:,.0f}x; exact, no seeds involved).\n"]
+    if "memory" in res:
+        L += ["## Peak inference memory (one process per point)\n", "| mode | length | tokens done | RSS peak MB | RSS rise MB | state held MB | s |", "|---|---|---|---|---|---|---|"]
+        for p in res["memory"]["points"]:
+            mb = lambda x: "-" if x is None else f"{x / 2**20:.1f}"   # noqa: E731
+            L.append(f"| {'FedNL stream' if p['mode'] == 'fednl' else 'backbone, full KV cache'} | {p['length']} | {p['tokens_done']}"
+                     f"{' (context limit)' if p['stopped_at_limit'] else ''} | {mb(p['rss_peak'])} | {mb(p['rss_rise'])} | {mb(p['state_bytes'])} | {p['seconds']:.0f} |")
+        g = res["memory"]["fednl_peak_growth"]
+        L += [f"\nFedNL peak RSS from the shortest to the longest input: {g * 100:+.1f}% (target: flat within 10%: "
+              f"**{'met' if g is not None and abs(g) <= 0.10 else 'missed'}**; one measurement per point).\n"]
+    if "ce" in res:
+        c = res["ce"]
+        L += [f"## Cross-entropy along a {c['tokens']}-token held-out Austen stream ({c['bucket']}-token buckets)\n",
+              "| model | CE first bucket | CE last bucket | trend (last / first - 1) |", "|---|---|---|---|"]
+        for k, v in c["curves"].items():
+            L.append(f"| {k} | {v[0]:.3f} | {v[-1]:.3f} | {c['trend_last_vs_first'][k] * 100:+.2f}% |")
+        L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
+    for part, title in (("niah", "Needle in a haystack: accuracy (string match all, 0-1)"), ("trivia", "Trivia by domain: accuracy")):
+        if part not in res:
+            continue
+        L += [f"## {title}\n", "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
+        for name, r in res[part]["methods"].items():
+            L.append(f"| {name} | {fmt(r['initial'])} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |")
+        if part == "niah":
+            L += ["", "Per template and length (final, mean ± sd over seeds):", ""]
+            for name, r in res[part]["methods"].items():
+                L.append(f"- {name}: " + "; ".join(f"{t} @{n}: {fmt(v, 2)}" for t, c in r["cells"].items() for n, v in c.items()))
+        else:
+            L += ["", "Aggregation drop per domain (local-only client on its domain minus the federated model; closer to 0 is better):", ""]
+            for name, r in res[part]["methods"].items():
+                if r["drop"]:
+                    L.append(f"- {name}: " + "; ".join(f"{d}: {fmt(v)}" for d, v in r["drop"].items()))
+        L.append("")
+    return "\n".join(L)
+
+
+def plot(res: dict, name: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [p for p in ("memory", "ce") if p in res]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4))
+    axes = np.atleast_1d(axes)
+    for ax, p in zip(axes, panels):
+        if p == "memory":
+            for mode, lab in (("fednl", "FedNL stream"), ("kv", "backbone, full KV cache")):
+                pts = [q for q in res["memory"]["points"] if q["mode"] == mode]
+                ax.plot([q["length"] for q in pts], [q["rss_peak"] / 2**20 for q in pts], "o-", label=lab)
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="input tokens", ylabel="peak RSS (MB)", title="inference memory")
+        else:
+            for k, v in res["ce"]["curves"].items():
+                ax.plot(np.arange(1, len(v) + 1) * res["ce"]["bucket"], np.array(v) / v[0], "o-", label=k)
+            ax.set(xlabel="position in stream (tokens)", ylabel="CE / CE of first bucket", title="streaming cross-entropy")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="bytes,memory,ce")
+    ap.add_argument("--size", default="cpu", choices=sorted(SIZES))
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--name", default="fednl_claims")
+    ap.add_argument("--memory-point", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.memory_point:
+        mode, n = a.memory_point.split(":")
+        print(json.dumps(memory_point(mode, int(n))))
+        return
+    parts = ["bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
+    size, seeds = SIZES[a.size], [int(s) for s in a.seeds.split(",")]
+    path = RESULTS / f"{a.name}.json"
+    res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
+    res.update(size=a.size, seeds=seeds, meta=meta("python benchmarks/fednl_claims.py " + " ".join(sys.argv[1:])))
+    for p in parts:
+        t = time.time()
+        res[p] = {"bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
+                  "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
+        res[p]["seconds"] = time.time() - t
+        res[p]["command"] = res["meta"]["command"]
+        print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+        write(a.name, res, markdown(res))
+        plot(res, a.name)
+    print(RESULTS / f"{a.name}.md")
+
+
+if __name__ == "__main__":
+    main()

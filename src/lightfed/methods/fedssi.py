@@ -1,0 +1,127 @@
+"""FedSSI (Li et al., ICML 2025): rehearsal-free continual FL with synergistic synaptic intelligence.
+Local training from the global model theta* adds the synaptic-intelligence (SI, Zenke et al., 2017)
+penalty; the server runs FedAvg:
+
+    L_k(theta) + c * sum_i Omega_i (theta_i - theta*_i)^2
+
+Omega is computed on a personalised surrogate: before training, the client trains the same number of
+steps (same batches, same optimizer) from theta* on  L_k(theta) + (lam / 2) ||theta - theta*||^2,
+accumulating each parameter's contribution to the loss decrease,
+    omega_i += -g_i * dtheta_i        (g: the gradient of L_k alone, dtheta: the step's move)
+and normalises it at the end of the task:  Omega_i += max(omega_i, 0) / ((Delta theta_i)^2 + xi).
+
+Choices: each round is a task (Omega accumulates across rounds in ctx.state, "omega.<name>"); a
+negative omega_i (a move that raised the loss) counts as no importance, so Omega >= 0 and the
+penalty only ever pulls toward theta*. The pull: lam = lam0 * d / (1 + d), with
+d = ||theta_prev - theta*|| / ||theta*|| the relative distance of the client's previous local model
+(kept in ctx.state, "local.<name>") from this round's global model, a proxy of how heterogeneous
+the client is (the further it drifts, the harder its surrogate is pulled to the global knowledge);
+lam = lam0 on a client's first participation. The surrogate's FLOPs are added to `flops`;
+`steps`/`samples` are local training's. The trainable tensors are LoRA's (this subclasses lora.LoRA).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightfed.config import ConfigError
+from lightfed.data.tensors import batches, size
+from lightfed.methods import lora
+from lightfed.optim.first_order import local_train
+
+LOCAL, OMEGA = "local.", "omega."
+
+
+@dataclass
+class Options(lora.Options):
+    c: float = 0.5       # strength of the SI penalty
+    xi: float = 1e-3     # damping of the normalisation
+    lam: float = 1.0     # lam0: the largest proximal pull of the surrogate
+
+    def check(self):
+        super().check()
+        for k in ("c", "lam"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"{k} = {getattr(self, k)}: must be >= 0")
+        if self.xi <= 0:
+            raise ConfigError(f"xi = {self.xi}: must be > 0")
+
+
+class FedSSI(lora.LoRA):
+    name = "fedssi"
+    Options = Options
+
+    def pull(self, down, ctx) -> float:
+        names = list(self.shapes)
+        if not all(LOCAL + n in ctx.state for n in names):
+            return self.opts.lam
+        d2 = sum(((ctx.state[LOCAL + n] - down[n]) ** 2).sum().item() for n in names)
+        g2 = sum((down[n] ** 2).sum().item() for n in names)
+        d = math.sqrt(d2) / max(math.sqrt(g2), 1e-12)
+        return self.opts.lam * d / (1 + d)
+
+    def surrogate(self, model, down, data, ctx, lam) -> tuple[dict, dict]:
+        """Train the surrogate from theta*; return this task's normalised importance and its stats."""
+        c = ctx.cfg
+        self.load(model, down)
+        params = self.trainable(model)
+        ps = list(params.values())
+        opt = (torch.optim.AdamW(ps, lr=c.lr, weight_decay=c.weight_decay) if c.optimizer == "adamw"
+               else torch.optim.SGD(ps, lr=c.lr, weight_decay=c.weight_decay))
+        total = c.local_steps if c.local_steps > 0 else max(1, math.ceil(c.local_epochs * math.ceil(size(data) / c.batch_size)))
+        omega = {n: torch.zeros_like(p) for n, p in params.items()}
+        done, samples, per_sample = 0, 0, 0.0
+        g = ctx.generator()                 # the same batches as the local training that follows
+        model.train()
+        while done < total:
+            for b in batches(data, c.batch_size, g):
+                opt.zero_grad(set_to_none=True)
+                if done == 0:
+                    with FlopCounterMode(display=False) as fc:
+                        ctx.loss(model, b).backward()
+                    per_sample = fc.get_total_flops() / size(b)
+                else:
+                    ctx.loss(model, b).backward()
+                before, grads = {}, {}
+                with torch.no_grad():
+                    for n, p in params.items():
+                        grads[n] = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                        before[n] = p.detach().clone()
+                        if lam > 0:
+                            p.grad = grads[n] + lam * (p - down[n])
+                opt.step()
+                with torch.no_grad():
+                    for n, p in params.items():
+                        omega[n].sub_(grads[n] * (p - before[n]))
+                samples += size(b)
+                done += 1
+                if done == total:
+                    break
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            imp = {n: omega[n].clamp(min=0) / ((p.detach() - down[n]) ** 2 + self.opts.xi) for n, p in params.items()}
+        return imp, {"surrogate_steps": done, "flops": per_sample * samples}
+
+    def client_update(self, model, down, data, ctx):
+        lam = self.pull(down, ctx)
+        imp, sur = self.surrogate(model, down, data, ctx, lam)
+        for n, t in imp.items():
+            ctx.state[OMEGA + n] = ctx.state[OMEGA + n] + t if OMEGA + n in ctx.state else t
+        omega = {n: ctx.state[OMEGA + n] for n in imp}
+        anchor = {n: down[n].detach().clone() for n in imp}          # theta*, fixed during the round
+        self.load(model, down)
+        params = self.trainable(model)
+        cst, co = ctx.cfg, self.opts.c
+        reg = (lambda: co * sum((omega[n] * (p - anchor[n]) ** 2).sum() for n, p in params.items())) if co > 0 else None
+        stats = local_train(model, list(params.values()), data, ctx.loss, epochs=cst.local_epochs, steps=cst.local_steps,
+                            batch_size=cst.batch_size, lr=cst.lr, optimizer=cst.optimizer, weight_decay=cst.weight_decay,
+                            generator=ctx.generator(), regularizer=reg)
+        upload = {n: p.detach() for n, p in params.items()}
+        ctx.state.update({LOCAL + n: t.clone() for n, t in upload.items()})
+        stats["flops"] += sur.pop("flops")
+        stats.update(sur, lam=lam)
+        stats["memory_accounted"]["method_state"] = sum(t.numel() * t.element_size() for t in ctx.state.values())
+        return upload, stats
