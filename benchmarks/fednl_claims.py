@@ -47,8 +47,9 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
             "trivia": {"train_size": 2000, "test_size": 1000, "max_len": 48}, "local_steps": 20, "batch": 8},
 }
 # (label, method, options): the personalised and static baselines of FedNL's paper, on the same backbone
-METHODS = [("FedNL", "fednl", {}), ("FedAvg+LoRA", "lora", {"lr": 1e-3}), ("FedProx (LoRA)", "lora", {"lr": 1e-3, "mu": 0.01}),
-           ("FedALA", "fedala", {"lr": 1e-3}), ("FedSSI", "fedssi", {"lr": 1e-3}), ("local-only", "local", {"lr": 1e-3})]
+# (all LoRA-based ones adapt q_proj, v_proj at r = 8; every method trains at lr 1e-3)
+METHODS = [("FedNL", "fednl", {}), ("FedAvg+LoRA", "lora", {}), ("FedProx (LoRA)", "lora", {"mu": 0.01}),
+           ("FedALA", "fedala", {}), ("FedSSI", "fedssi", {}), ("local-only", "local", {})]
 
 
 def _model(method: str, opts: dict):

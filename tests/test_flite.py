@@ -204,3 +204,23 @@ def test_stochastic_rounding_is_unbiased():
     assert (mean - z).abs().max() < 0.05                  # nearest rounding is off by up to 1/14
     assert torch.equal(m.broadcast({"z": z}, 3)["z"], m.broadcast({"z": z}, 3)["z"])
     assert not torch.equal(m.broadcast({"z": z}, 3)["z"], m.broadcast({"z": z}, 4)["z"])
+
+
+def test_quantised_flite_is_evaluated_as_the_clients_receive_it(tmp_path):
+    """int4 latents: the run's metric is that of the model built from the dequantised broadcast (what a
+    client holds), not of the server's fp32 mean z."""
+    import json
+    from lightfed.engine import local
+    from lightfed.engine import protocol as P
+    tiny_task("austen")      # perplexity: a continuous metric, so any other z shows
+    cfg = tiny_config("austen", "flite", tmp_path, rounds=1, method_options={"codec": "int4"})
+    s = local.run(cfg, log=lambda *a: None)
+    S = local.build(cfg)
+    _, state, _, _ = local.load_checkpoint(tmp_path)
+    got = P.received(S.method, state, 2, cfg.max_message_bytes)
+    assert not torch.equal(got["z"], state["z"]), "int4 must round the mean z"
+    S.method.load(S.model, got)
+    assert S.task.evaluate(S.model, S.task.test) == s["final"]
+    S.method.load(S.model, state)
+    assert S.task.evaluate(S.model, S.task.test) != s["final"]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["perplexity"] == s["final"]

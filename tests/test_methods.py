@@ -133,3 +133,13 @@ def test_powersgd_factors_and_error_feedback():
         assert k + ".E" in cstate and k + ".Q" in cstate, "residual and warm start kept on the client"
     dense = sum(v.numel() * 4 for v in state.values())
     assert len(up) < dense / 2
+
+
+def test_the_aggregation_weight_is_the_clients_example_count_not_the_samples_processed():
+    """With local_steps, both clients process 2 x 8 samples; FedAvg weighs them by the 8 and 24 examples they hold."""
+    T, cfg, m, model = _setup("fedavg")
+    state = m.init_state(model)
+    _, f1, s1 = _client(T, cfg, m, model, state, 1, range(8))
+    _, f2, s2 = _client(T, cfg, m, model, state, 2, range(8, 32))
+    assert s1["samples"] == s2["samples"] == 16
+    assert (f1[P.SAMPLES], f2[P.SAMPLES]) == (8, 24)

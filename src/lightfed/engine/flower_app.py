@@ -357,7 +357,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     C.save(cfg, out / "config.json")
     (out / "setup.json").write_text(json.dumps({**S.info, "engine": engine}, indent=1))
     state = method.init_state(model)
-    method.load(model, state)
+    method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
     history = [{"round": 0, **local.evaluate(task, model)}]
     with open(out / "metrics.jsonl", "w") as f:
         f.write(json.dumps(history[0]) + "\n")

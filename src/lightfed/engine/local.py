@@ -135,7 +135,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         log(f"lightfed: resuming {out} after round {start}")
     else:
         start, state, client_states = 0, method.init_state(model), {}
-        method.load(model, state)
+        method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
         history = [{"round": 0, **evaluate(task, model)}]
     lines = (out / "metrics.jsonl").read_text().splitlines() if resume is not None else []
     with open(out / "metrics.jsonl", "w") as f:      # keep what the checkpoint covers, drop the rest
@@ -230,7 +230,7 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
         log(f"lightfed: round {rnd} failed: {report['failed']}")
     if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
         with clock("eval"):
-            method.load(model, state)
+            method.load(model, P.received(method, state, rnd + 1, cfg.max_message_bytes))   # what clients get next
             rec.update(evaluate(task, model))
         bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
     rec["time"] = {"round": 0.0, **clock.total}

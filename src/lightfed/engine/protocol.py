@@ -5,15 +5,16 @@
     client:  up, stats = client_round(method, model, down, data, ctx) -> bytes (+ local measurements)
     server:  state, report = aggregate(method, state, [(cid, up), ...], rnd, sampled=[cid, ...])
 
-Every upload carries the method's fields plus `_n` (the client's example count, the aggregation
-weight: a 4-byte int on the wire). The receiver decodes and validates every message before use; a message
+Every upload carries the method's fields plus `_n`: the number of training examples the client holds
+(FedAvg's n_k, the aggregation weight; not the samples it processed, which with `local_steps` are the
+same for every client and would make the mean uniform), a 4-byte int on the wire. The receiver decodes and validates every message before use; a message
 that fails is refused with the reason, and the round goes on with the others.
 """
 from __future__ import annotations
 
 import torch
 
-from lightfed.data.tensors import Data
+from lightfed.data.tensors import Data, size
 from lightfed.methods.base import ClientContext, Method, Rejected
 from lightfed.wire import Spec, WireError, decode, encode, kind_of
 
@@ -35,6 +36,14 @@ def broadcast(method: Method, state, rnd: int, cid: int | None = None, cache: di
     return blob
 
 
+def received(method: Method, state, rnd: int, max_bytes: int) -> dict:
+    """The global model as a client holds it after decoding the shared broadcast (a lossy codec's
+    rounding included): what the engines evaluate."""
+    kind = f"{method.name}/down"
+    fields = decode(broadcast(method, state, rnd), method.down_schema(), kind=kind, max_bytes=max_bytes)
+    return {k: fields.get(k, v) for k, v in state.items()}
+
+
 def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data, ctx: ClientContext,
                  max_bytes: int) -> tuple[bytes, dict]:
     kinds = {f"{method.name}/{k}": schema for k, schema in method.down_kinds(ctx).items()}
@@ -42,7 +51,7 @@ def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data
     fields = decode(down, kinds.get(kind, method.down_schema()), kind=kind, max_bytes=max_bytes)
     torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
     update, stats = method.client_update(model, fields, data, ctx)
-    return encode({**update, SAMPLES: stats["samples"]}, up_schema(method), kind=f"{method.name}/up"), stats
+    return encode({**update, SAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
 
 
 def aggregate(method: Method, state, uploads: list[tuple[int, bytes]], rnd: int, *, max_bytes: int,
