@@ -31,7 +31,7 @@ class Options(fedavg.Options):
     n_layers: int = 5
     r: int = 8               # rank of the LoRA deltas on the memory's q/k/v
     chunk: int = 64          # tokens per delta-rule chunk (the chunked form; any value gives the same result)
-    lr: float = 1e-3         # theta is new: it learns faster than a fine-tuned weight (0: use the run's lr)
+X
 
     def check(self):
         super().check()
