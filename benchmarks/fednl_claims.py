@@ -39,7 +39,7 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
     "cpu": {"lengths": [1024, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 1024, "train_blocks": 24, "test_blocks": 6},
             "rounds": 2, "niah": {"lengths": "1024,4096", "train_per_template": 4, "test_per_cell": 2, "train_len": 1024},
-            "trivia": {"train_size": 200, "test_size": 400, "max_len": 32}, "local_steps": 4, "batch": 4},
+            "trivia": {"train_size": 200, "test_size": 400, "max_len": 32}, "local_steps": 4, "batch": 2},
     "gpu": {"lengths": [1024, 2048, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 2048, "train_blocks": 240, "test_blocks": 12},
             "rounds": 10, "niah": {"lengths": "1024,2048,4096,8192,16384", "train_per_template": 64, "test_per_cell": 10,
@@ -47,7 +47,8 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
             "trivia": {"train_size": 2000, "test_size": 1000, "max_len": 48}, "local_steps": 20, "batch": 8},
 }
 # (label, method, options): the personalised and static baselines of FedNL's paper, on the same backbone
-# (all LoRA-based ones adapt q_proj, v_proj at r = 8; every method trains at lr 1e-3)
+# (all LoRA-based ones adapt q_proj, v_proj at r = 8 at the run's lr 1e-3 (LoRA: 1e-3 beat 1e-2 in a 24-step probe
+# on Austen, held-out CE 3.77 -> 3.55 vs 3.56); FedNL at its own default, 1e-2)
 METHODS = [("FedNL", "fednl", {}), ("FedAvg+LoRA", "lora", {}), ("FedProx (LoRA)", "lora", {"mu": 0.01}),
            ("FedALA", "fedala", {}), ("FedSSI", "fedssi", {}), ("local-only", "local", {})]
 
