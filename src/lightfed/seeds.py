@@ -39,3 +39,15 @@ def normal(shape, seed: int, fast: bool = False) -> torch.Tensor:
         k = min(CHUNK, n - off)
         z[off:off + k] = torch.randn(k, generator=g, dtype=torch.float64)
     return z.view(tuple(shape))
+
+
+def orthogonal(shape, seed: int) -> torch.Tensor:
+    """A (rows, cols) matrix with orthonormal rows or columns (what nn.init.orthogonal_ makes), float32,
+    from `seed`: float64 normals, QR in float64 with the signs fixed by diag(R), rounded to float32, so
+    every CPU gets the same matrix."""
+    rows, cols = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(max(rows, cols), min(rows, cols), generator=g, dtype=torch.float64)
+    q, r = torch.linalg.qr(a)                                  # (max, min), orthonormal columns
+    q = q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(()))
+    return (q if rows >= cols else q.T).to(torch.float32).contiguous()

@@ -11,7 +11,7 @@ Round t:   server -> clients   z^t                       (the only per-round pay
 The map is affine, so the server's mean of latents is exactly FedAvg of the generated weights:
     mean_k (theta_pre + M z_k) = theta_pre + M mean_k z_k.
 
-Head (a model's nn.Linear `head`): "orthogonal" = orthogonal_ from the factor seed, bias 0, frozen,
+Head (a model's nn.Linear `head`): "orthogonal" = seeds.orthogonal from the factor seed, bias 0, frozen,
 not sent (the paper); "random" = N(0, 1/in) from the factor seed, frozen; "trainable" = the task's
 head, trained and sent (fields head.weight, head.bias).
 Wire: field "z" (+ head fields), `codec` both ways. `stochastic`: int8/int4 values are rounded
@@ -82,12 +82,12 @@ class FLITE(fedavg.FedAvg):
         latent.install(model, r=o.r, layers=o.layers, seed=self.seed, mode=o.mode, form=o.form, k=o.k)  # freezes all
         head = getattr(model, "head", None)
         if isinstance(head, nn.Linear):
-            with torch.no_grad():
-                g = seeds.generator(self.seed, 2)
+            with torch.no_grad():     # portable draws: server and clients regenerate the same frozen head
+                hs = seeds.derive(self.seed, 2)
                 if o.head == "orthogonal":
-                    nn.init.orthogonal_(head.weight, generator=g)
+                    head.weight.copy_(seeds.orthogonal(head.weight.shape, hs))
                 elif o.head == "random":
-                    head.weight.normal_(0, head.in_features ** -0.5, generator=g)
+                    head.weight.copy_(seeds.normal(head.weight.shape, hs) * head.in_features ** -0.5)
                 if o.head != "trainable" and head.bias is not None:
                     head.bias.zero_()
             head.requires_grad_(o.head == "trainable")
