@@ -64,6 +64,19 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path):
     assert rounds == [0, 1, 2, 3]
 
 
+def test_a_kill_between_the_checkpoint_and_the_metrics_line_loses_no_round(tmp_path):
+    """The checkpoint is the commit point and holds every round's record: a round whose metrics line never
+    reached the disk comes back on resume, and the summary lists every round."""
+    full = local.run(tiny_config("sentiment", "fedavg", tmp_path / "full", rounds=3), log=lambda *a: None)
+    local.run(tiny_config("sentiment", "fedavg", tmp_path / "part", rounds=3), stop_after=2, log=lambda *a: None)
+    metrics = tmp_path / "part" / "metrics.jsonl"
+    metrics.write_text("".join(l + "\n" for l in metrics.read_text().splitlines()[:-1]))   # round 2's line is lost
+    resumed = local.run(resume=tmp_path / "part", log=lambda *a: None)
+    assert resumed["history"] == full["history"]
+    assert [json.loads(l)["round"] for l in metrics.read_text().splitlines()] == [0, 1, 2, 3]
+    assert resumed["bytes"]["up_total"] == full["bytes"]["up_total"]
+
+
 def test_killed_process_resumes_to_the_same_result(tmp_path):
     """A real SIGKILL mid-run (whatever it was doing, a checkpoint write included), then --resume."""
     args = ["--task", "fmnist", "--method", "fedavg", "--clients", "4", "--rounds", "12", "--seed", "1",

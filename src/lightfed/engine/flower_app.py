@@ -441,8 +441,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
         # so only the part of their work that the server waited for counts as client time here
         rec["time"]["engine"] = rec["time"]["round"] - t.get("server", 0) - t.get("eval", 0) \
             - min(t.get("wait", 0), t.get("client", 0))
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        local.append_line(out / "metrics.jsonl", rec)
         if not cfg.progress:
             log(f"lightfed: {engine}: round {rnd}: {len(uploads)} replies, {len(rec['dropped'])} dropped, "
                 f"{rec['time']['round']:.2f} s (waited {t.get('wait', 0):.2f} s)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -81,7 +82,19 @@ def build(cfg: C.RunConfig) -> Setup:
 
 
 # --- checkpoints: <out>/ckpt/round-NNNN/{state,clients}.safetensors, then latest.json (atomic) ---
+def fsync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to the disk: durable across a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(out: Path, rnd: int, state: dict, client_states: dict, history: list) -> None:
+    """Write the round's files, fsync them and their folder, then atomically replace latest.json (written,
+    fsynced, renamed, folder fsynced): the commit point. It holds the history (every round's record), so a
+    resume recovers a round whose metrics line the kill cut off."""
     ck = out / "ckpt"
     d = ck / f"round-{rnd:04d}"
     shutil.rmtree(d, ignore_errors=True)
@@ -89,12 +102,23 @@ def save_checkpoint(out: Path, rnd: int, state: dict, client_states: dict, histo
     save_file({k: v.contiguous() for k, v in state.items()}, d / "state.safetensors")
     flat = {f"{cid}/{k}": v.contiguous() for cid, s in client_states.items() for k, v in s.items()}
     save_file(flat, d / "clients.safetensors")
+    for p in (d / "state.safetensors", d / "clients.safetensors", d, ck):
+        fsync(p)
     tmp = ck / "latest.json.tmp"
     tmp.write_text(json.dumps({"round": rnd, "dir": d.name, "history": history}))
+    fsync(tmp)
     tmp.replace(ck / "latest.json")                  # the commit point
+    fsync(ck)
     for old in ck.glob("round-*"):
         if old != d:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def append_line(path: Path, rec: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def load_checkpoint(out: Path):
@@ -138,9 +162,9 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
         history = [{"round": 0, **evaluate(task, model)}]
     lines = (out / "metrics.jsonl").read_text().splitlines() if resume is not None else []
-    with open(out / "metrics.jsonl", "w") as f:      # keep what the checkpoint covers, drop the rest
-        kept = [l for l in lines if json.loads(l)["round"] <= start] or [json.dumps(h) for h in history]
-        f.writelines(l + "\n" for l in kept)
+    with open(out / "metrics.jsonl", "w") as f:      # what the checkpoint covers: its lines, or its history's records
+        have = {json.loads(l)["round"]: l for l in lines}
+        f.writelines(have.get(h["round"], json.dumps(h)) + "\n" for h in history if h["round"] <= start)
 
     per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
     bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
@@ -165,8 +189,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         state = close_round(S, state, uploads, rnd, rec, clock, history, client_states, out, bar, log)
         rec["time"] = {**clock.total, "round": time.perf_counter() - t_round}
         rec["time"]["engine"] = rec["time"]["round"] - sum(clock.total.get(k, 0) for k in ("client", "server", "eval"))
-        with open(out / "metrics.jsonl", "a") as f:     # the complete record, checkpoint time included
-            f.write(json.dumps(rec) + "\n")
+        append_line(out / "metrics.jsonl", rec)          # the complete record, checkpoint time included
         if stop_after is not None and rnd >= stop_after and rnd < cfg.rounds:
             bar.close()
             return {"interrupted_after": rnd, "out": str(out)}
@@ -233,7 +256,8 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
             method.load(model, P.received(method, state, rnd + 1, cfg.max_message_bytes))   # what clients get next
             rec.update(evaluate(task, model))
         bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
-    rec["time"] = {"round": 0.0, **clock.total}
+    rec["time"] = {"round": 0.0, "engine": 0.0, **clock.total}   # final after the checkpoint; a record recovered
+                                                                 # from the checkpoint keeps these zeros
     history.append(rec)
     with clock("checkpoint"):
         save_checkpoint(out, rnd, state, client_states, history)
