@@ -186,6 +186,26 @@ def test_forged_scalar_is_refused_by_the_digest(spzo):
     assert all(torch.equal(new[k], alone[k]) for k in state)
 
 
+def test_a_forged_step_count_or_example_count_is_refused_before_any_replay(spzo, monkeypatch):
+    """A well-formed upload claiming more steps than the round's config allows (with local_steps the schema fixes
+    K; with local_epochs: epochs x its examples / batch_size), or more examples than max_examples, is refused
+    without replaying anything."""
+    T, cfg, m, model, state, ups = spzo
+    f = decode(ups[0][0], P.up_schema(m), kind="fedspzo/up", max_bytes=10**6)
+    monkeypatch.setattr(cfg, "local_steps", 0)                 # epochs 1.0 x 16 examples / batch 8 = 2 steps
+    schema = P.up_schema(m)
+    replays = []
+    monkeypatch.setattr(m, "replay", lambda *a: replays.append(1))
+    K = 5000
+    big = {**f, "g1": torch.zeros(K, 1), "g2": torch.zeros(K, 4)}
+    huge_n = {**f, P.SAMPLES: 2**32 - 1}
+    _, report = P.aggregate(m, state, [(0, encode(big, schema, kind="fedspzo/up")),
+                                       (1, encode(huge_n, schema, kind="fedspzo/up"))], 1, max_bytes=cfg.max_message_bytes)
+    assert report["accepted"] == 0 and replays == []
+    assert "5000 local steps claimed" in report["rejected"][0]["error"] and "1..2" in report["rejected"][0]["error"]
+    assert "_n" in report["rejected"][1]["error"] and "max_examples" in report["rejected"][1]["error"]
+
+
 def test_aggregate_is_the_mean_of_replays_and_the_seed_only_downlink_matches(spzo):
     T, cfg, m, model, state, ups = spzo
     new, report = P.aggregate(m, state, [(0, ups[0][0]), (1, ups[1][0])], 1, max_bytes=cfg.max_message_bytes)

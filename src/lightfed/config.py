@@ -37,6 +37,8 @@ class RunConfig:
     weight_decay: float = 0.0
     eval_every: int = 1
     max_message_bytes: int = 2**30          # decode refuses anything larger (SmolLM2 in fp32: 538 MB)
+    max_examples: int = 1_000_000           # the most training examples a client may claim (`_n`, its aggregation
+                                            # weight, and with local_epochs the bound on its claimed steps); more is refused
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>
     progress: bool = True
     method_options: dict[str, Any] = field(default_factory=dict)
@@ -139,6 +141,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.optimizer in ("adamw", "sgd"), f"optimizer = {cfg.optimizer!r}: use adamw or sgd")
     need(cfg.eval_every >= 1, f"eval_every = {cfg.eval_every}: must be >= 1")
     need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")
+    need(1 <= cfg.max_examples <= 2**32 - 1, "max_examples must be in [1, 2**32 - 1]")
     need(0 <= cfg.seed < 2**63, f"seed = {cfg.seed}: must be in [0, 2**63)")
 
 

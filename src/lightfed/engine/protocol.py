@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from lightfed.data.tensors import Data, size
-from lightfed.methods.base import ClientContext, Method, Rejected
+from lightfed.methods.base import EXAMPLES, ClientContext, Method, Rejected
 from lightfed.wire import Spec, WireError, decode, encode, kind_of
 
-SAMPLES = "_n"
+SAMPLES = EXAMPLES
 
 
 def up_schema(method: Method):
@@ -62,8 +62,10 @@ def aggregate(method: Method, state, uploads: list[tuple[int, bytes]], rnd: int,
     for cid, blob in uploads:
         try:
             f = decode(blob, up_schema(method), kind=f"{method.name}/up", max_bytes=max_bytes)
-            n = float(f.pop(SAMPLES))
+            if f[SAMPLES] > method.cfg.max_examples:
+                raise Rejected(f"{SAMPLES}: {f[SAMPLES]} examples claimed, more than max_examples = {method.cfg.max_examples}")
             method.validate(state, f, rnd)          # a method's own checks (e.g. replay of seeds)
+            n = float(f.pop(SAMPLES))
             valid.append((f, n))
             accepted.append(cid)
         except (WireError, Rejected) as e:

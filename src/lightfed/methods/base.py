@@ -14,6 +14,7 @@ only ever sees validated fields. A method never learns which engine runs it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,6 +42,9 @@ class ClientContext:
 
     def generator(self, stream: int = 0) -> torch.Generator:
         return seeds.generator(self.seed, stream)
+
+
+EXAMPLES = "_n"     # the engine's field on every upload: the examples the client holds (its aggregation weight)
 
 
 class Rejected(ValueError):
@@ -113,7 +117,14 @@ class Method:
 
     # 4. aggregator ------------------------------------------------------------------------------
     def validate(self, state: State, fields: Fields, rnd: int) -> None:
-        """Raise Rejected if a decoded upload must not be aggregated (default: wire checks suffice)."""
+        """Raise Rejected if a decoded upload must not be aggregated (default: wire checks suffice).
+        fields[EXAMPLES] is the client's claimed example count, already bounded by cfg.max_examples."""
+
+    def steps_allowed(self, examples: int) -> int:
+        """The most local steps a client holding `examples` examples can take under this run's config
+        (a bound on what an upload may claim, e.g. before replaying it)."""
+        c = self.cfg
+        return c.local_steps if c.local_steps > 0 else max(1, math.ceil(c.local_epochs * examples / c.batch_size))
 
     def aggregate(self, state: State, updates: list[tuple[Fields, float]], rnd: int) -> State:
         raise NotImplementedError

@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lightfed.config import ConfigError
 from lightfed.data.tensors import size
-from lightfed.methods.base import Method, Rejected, weighted_mean
+from lightfed.methods.base import EXAMPLES, Method, Rejected, weighted_mean
 from lightfed.optim import zeroth_order as zo
 from lightfed.wire import Spec, encoded_size, tensor_schema
 
@@ -272,8 +272,11 @@ class MeZO(Method):
         for f, P in self.scalars().items():
             if shapes[f] != (K, P):
                 raise Rejected(f"{f}: shape {shapes[f]}, expected (K, {P}) like the other fields")
-        if not 1 <= K <= (self.cfg.local_steps or self.opts.max_steps):
-            raise Rejected(f"{K} local steps: expected 1..{self.cfg.local_steps or self.opts.max_steps}")
+        n = int(fields.get(EXAMPLES, self.cfg.max_examples))      # the engine checked it against max_examples
+        most = min(self.steps_allowed(n), self.opts.max_steps)     # bounded before any replay
+        if not 1 <= K <= most:
+            raise Rejected(f"{K} local steps claimed: this round's config allows 1..{most} "
+                           f"(local_steps, or local_epochs x {n} examples / batch_size; max_steps)")
         if not all(torch.isfinite(fields[f]).all() for f in self.scalars()):
             raise Rejected("non-finite scalars")
         if len(fields[DIGEST]) != 8:
