@@ -134,7 +134,16 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
             c = base_run(size, task, task_options, clients, seed)
             c.update(method=method, method_options=opts, out=str(Path("runs") / "fednl_claims" / f"{tag}-{method}-{label}-s{seed}".replace(" ", "_")))
             g.append((f"{tag} {label} s{seed}", c))
-    return g, run_grid(g, workers)
+    done = {}           # a finished run with the same config is reused (its checkpoint holds the final model)
+    for label, c in g:
+        p = Path(c["out"]) / "summary.json"
+        if p.exists():
+            s = json.loads(p.read_text())
+            if {k: s["config"].get(k) for k in c} == c:
+                done[label] = {**s, "label": label}
+    todo = [x for x in g if x[0] not in done]
+    ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
+    return g, [done.get(l) or ran[l] for l, _ in g]
 
 
 def final_model(summary: dict):
@@ -148,9 +157,9 @@ def final_model(summary: dict):
     return S.model.eval()
 
 
-def ce_curve(model, ids, bucket: int) -> list[float]:
+def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
     from lightfed.models import streaming
-    nll, _ = streaming.stream_nll(model, ids, WINDOW)
+    nll, _ = streaming.stream_nll(model, ids, WINDOW, carry)
     n = nll.numel() // bucket
     return [float(x) for x in nll[: n * bucket].view(n, bucket).mean(1)]
 
@@ -169,7 +178,10 @@ def part_ce(size: dict, seeds, workers) -> dict:
     curves = {"frozen backbone": ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"])}
     for (label, _), s in zip(g, sums):
         if "error" not in s:
-            curves[label] = ce_curve(final_model(s), ids, size["ce_bucket"])
+            model = final_model(s)
+            curves[label] = ce_curve(model, ids, size["ce_bucket"])
+            if s["method"] == "fednl":     # ablation: the same trained model, its memory emptied at every chunk
+                curves[label + ", memory reset per chunk"] = ce_curve(model, ids, size["ce_bucket"], carry=False)
     trend = {k: v[-1] / v[0] - 1 for k, v in curves.items()}
     return {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "curves": curves, "trend_last_vs_first": trend,
             "runs": [{"label": l, "final_perplexity": s.get("final"), "initial": s.get("initial"), "bytes": s.get("bytes")}

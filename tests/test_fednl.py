@@ -203,3 +203,16 @@ def test_niah_task_trains_on_its_own_needles_and_scores_per_template_and_length(
     assert set(s["per_client"]) == {str(k) for k in range(7)} and s["bytes"]["up_per_client_round"] > 0
     setup = json.loads((tmp_path / "setup.json").read_text())
     assert [len(c["examples"]) if isinstance(c["examples"], list) else c["examples"] for c in setup["clients"]] == [2] * 7
+
+
+def test_the_memory_carries_context_across_chunks():
+    """With a trained-looking theta, emptying the memory at every chunk changes the later chunks' NLL and
+    not the first chunk's: the long context reaches later chunks only through S."""
+    T, cfg, m, model = fednl_model()
+    with torch.no_grad():
+        for n, p in m.trainable(model).items():
+            p.normal_(0, 0.2)
+    ids = T.test["input_ids"].reshape(1, -1)[:, :96]
+    carried, _ = streaming.stream_nll(model, ids, 32)
+    reset, _ = streaming.stream_nll(model, ids, 32, carry=False)
+    assert torch.equal(carried[:31], reset[:31]) and not torch.allclose(carried[31:], reset[31:])

@@ -40,12 +40,15 @@ def target_nll(model, ids: torch.Tensor, tmask: torch.Tensor, window: int) -> to
 
 
 @torch.no_grad()
-def stream_nll(model, ids: torch.Tensor, window: int) -> tuple[torch.Tensor, int]:
+def stream_nll(model, ids: torch.Tensor, window: int, carry: bool = True) -> tuple[torch.Tensor, int]:
     """Per-token NLL along one long stream (1, T) in the chunked setting.  -> ((T - 1,), state bytes)
-    Only one chunk's logits exist at a time."""
+    Only one chunk's logits exist at a time. carry=False empties the memory at every chunk (an ablation:
+    the same model without the long context)."""
     out, last = [], None
     with delta_memory.stream(model) as st:
         for s, e in _cut(ids.shape[1], window):
+            if not carry:
+                st.S.clear()
             h = model.model(input_ids=ids[:, s:e], use_cache=False).last_hidden_state[0]     # (C, d)
             h = h if last is None else torch.cat([last, h])                                  # + previous chunk's last
             logp = model.lm_head(h[:-1]).float().log_softmax(-1)
