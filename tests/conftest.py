@@ -15,6 +15,7 @@ TINY = {
     "fmnist": {"tiny": True, "train_size": 64, "test_size": 32},
     "austen": {"tiny": True, "block_len": 32, "train_blocks": 36, "test_blocks": 12},
     "trivia": {"tiny": True, "train_size": 32, "test_size": 16, "max_len": 32},
+    "psentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 24},
     "niah": {"tiny": True, "train_len": 256, "lengths": "256,384", "train_per_template": 2, "test_per_cell": 1,
              "window": 64, "gen_tokens": 6},
 }

@@ -85,6 +85,15 @@ def smollm2_tokenizer():
     return tok
 
 
+def label_scores(lm: nn.Module, ids, attn, cand, h=None) -> torch.Tensor:
+    """Logits of each row's candidate label tokens at its prompt's last token.
+    ids, attn: (B, T) right-padded; cand: (B, C) token ids -> (B, C). Only one position per row goes
+    through the LM head (V = 49,152). h: the final hidden states if already computed (FedSPZO's f2)."""
+    h = lm.model(input_ids=ids, attention_mask=attn).last_hidden_state if h is None else h   # (B, T, d)
+    last = attn.sum(1) - 1                                                                       # (B,)
+    return lm.lm_head(h[torch.arange(len(ids)), last]).float().gather(1, cand)                  # (B, C)
+
+
 # --- GroupNorm ResNet (BatchNorm statistics would not travel with FL weights) -----------------
 class Block(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, groups: int):

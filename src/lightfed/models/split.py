@@ -10,6 +10,7 @@
 | sentiment | TextClassifier   | BERT embeddings + L-n layers| n layers + masked mean pool + head + CE     |
 | austen    | LlamaForCausalLM | embeddings + L-n layers     | n layers + final norm + lm_head + next-token CE (HF's own loss_function) |
 | trivia    | LlamaForCausalLM | the same, on (B*4, T) rows  | n layers + norm + option scores (tasks.option_scores) + CE |
+| psentiment| LlamaForCausalLM | the same, with the padding mask | n layers + norm + the tied lm_head's label-word rows at the last token + CE |
 | fmnist    | GNResNet         | stem + 3-n stages           | n stages + global pool + head + CE          |
 
 How f1 stops: it runs the model's own forward with a forward pre-hook on layer L-n that records
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 
 from lightfed.config import ConfigError
 from lightfed.data.tensors import Data
+from lightfed.models.backbones import label_scores
 
 
 @dataclass
@@ -168,8 +170,17 @@ def split(model: nn.Module, task: str, n: int = 1) -> Split:
                 h = model.model.norm(_run(layers[L - n:], bd))
                 return F.cross_entropy(_option_scores_tail(model, h, b["input_ids"], b["target_mask"], B, K),
                                        b["labels"])
+        elif task == "psentiment":
+            def f1(b):                                      # each example carries its label-word token ids
+                return _capture(cut, lambda: model.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                                         use_cache=False))
+
+            def f2_loss(bd, b):
+                h = model.model.norm(_run(layers[L - n:], bd))
+                return F.cross_entropy(label_scores(model, b["input_ids"], b["attention_mask"], b["label_ids"], h=h),
+                                       b["labels"])
         else:
-            raise ConfigError(f"split: no causal-LM loss for task {task!r} (austen, trivia)")
+            raise ConfigError(f"split: no causal-LM loss for task {task!r} (austen, trivia, psentiment)")
         tail = [model.model.norm, model.lm_head]
     elif kind == "GNResNet":
         layers = model.stages

@@ -1,0 +1,65 @@
+"""Prompt-based classification (psentiment): label-word scoring by hand, zero-shot on the real model,
+the FedSPZO split on it, and every zeroth-order method through a round."""
+import copy
+
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_task
+from lightfed import methods, tasks
+from lightfed.data.tensors import subset
+from lightfed.engine import protocol as P
+from lightfed.methods.base import ClientContext
+from lightfed.models.backbones import label_scores
+from lightfed.models.split import split
+
+
+def test_label_word_scores_equal_a_hand_computation():
+    T = tiny_task("psentiment")
+    b = subset(T.test, range(6))
+    lm = T.model.eval()
+    got = label_scores(lm, b["input_ids"], b["attention_mask"], b["label_ids"])
+    logits = lm(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits           # (B, T, V)
+    for i in range(6):
+        last = int(b["attention_mask"][i].sum()) - 1
+        assert b["attention_mask"][i, last] == 1 and (last == b["attention_mask"].shape[1] - 1 or b["attention_mask"][i, last + 1] == 0)
+        assert torch.allclose(got[i], logits[i, last, b["label_ids"][i]], atol=1e-5)
+    assert T.info["label_words"] == [" negative", " positive"] and T.info["prompt_tokens_mean"] > 5
+    loss = T.loss(lm, b)
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(got, b["labels"]))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_fedspzo_split_computes_the_same_loss(n):
+    T = tiny_task("psentiment")
+    model = copy.deepcopy(T.model).eval()
+    b = subset(T.train, range(8))
+    sp = split(model, "psentiment", n)
+    assert torch.allclose(sp.loss(b), T.loss(model, b), atol=1e-6)
+    assert "model.embed_tokens.weight" in sp.shared        # the tied embedding / lm_head stays with theta1
+
+
+@pytest.mark.parametrize("name", ["mezo", "fedspzo", "decomfl", "fedzo", "lora"])
+def test_zeroth_order_methods_run_on_the_prompt_task(name):
+    T = tiny_task("psentiment")
+    cfg = tiny_config("psentiment", name)
+    m = methods.build(cfg)
+    model = m.prepare(copy.deepcopy(T.model))
+    state = m.init_state(model)
+    up, stats = P.client_round(m, model, P.broadcast(m, state, 1), subset(T.train, range(16)),
+                               ClientContext(0, 1, 3, cfg, T.loss, {}), cfg.max_message_bytes)
+    new, report = P.aggregate(m, state, [(0, up)], 1, max_bytes=cfg.max_message_bytes)
+    assert report["accepted"] == 1 and stats["flops"] > 0
+
+
+def test_real_smollm2_zero_shot_is_above_chance():
+    """The real SmolLM2-135M-Instruct, no training: 200 balanced tweets, label words ' negative' / ' positive'."""
+    from lightfed import assets
+    try:
+        T = tasks.build("psentiment", {"train_size": 2, "test_size": 200, "max_len": 48}, 0)
+    except assets.AssetMissing as e:
+        pytest.skip(str(e))
+    torch.set_num_threads(2)
+    acc = T.evaluate(T.model, T.test)
+    print(f"zero-shot accuracy {acc:.3f}")
+    assert acc > 0.58, acc          # chance is 0.5; 0.58 is 2.3 standard errors above it at n = 200
