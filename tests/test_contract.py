@@ -27,7 +27,8 @@ def test_method_contract(name, task):
     trainable = m.trainable(model)
     assert trainable, "a method must train something"
     state = m.init_state(model)
-    assert {k: tuple(v.shape) for k, v in state.items()} == m.shapes
+    assert {k: tuple(v.shape) for k, v in state.items() if k in m.shapes} == m.shapes
+    assert all(k.startswith("_") for k in state if k not in m.shapes), "server bookkeeping keys start with _"
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if n not in trainable}
 
     # 3. codec: the broadcast has the exact size its schema promises
@@ -57,13 +58,13 @@ def test_method_contract(name, task):
     assert report["accepted"] == 2 and [r["id"] for r in report["rejected"]] == [2]
     assert "wire" in report["rejected"][0]["error"]
     clean, _ = P.aggregate(m, state, [(0, up1), (1, up2)], 1, max_bytes=cfg.max_message_bytes)
-    assert set(new) == set(state)
-    for k in state:
+    assert set(new) >= set(state) and all(k.startswith("_") for k in set(new) - set(state))   # + bookkeeping
+    assert set(new) == set(clean) and all(torch.equal(new[k], clean[k]) for k in new)
+    for k in m.shapes:
         assert new[k].shape == state[k].shape and torch.isfinite(new[k]).all()
-        assert torch.equal(new[k], clean[k])
     if m.federated:
-        assert any(not torch.equal(new[k], state[k]) for k in state), "a round of training moved nothing"
+        assert any(not torch.equal(new[k], state[k]) for k in m.shapes), "a round of training moved nothing"
     else:
-        assert all(torch.equal(new[k], state[k]) for k in state), "a local-only server state must not move"
+        assert all(torch.equal(new[k], state[k]) for k in m.shapes), "a local-only server state must not move"
     m.load(model, new)
-    assert all(torch.equal(v, new[k]) for k, v in m.init_state(model).items())
+    assert all(torch.equal(v, new[k]) for k, v in m.init_state(model).items() if k in m.shapes)

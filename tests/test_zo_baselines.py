@@ -106,10 +106,10 @@ def test_decomfl_replay_of_mean_scalars_equals_the_weighted_mean_of_replayed_mod
         fields.append((f, float(f.pop(P.SAMPLES))))
     assert [w for _, w in fields] == [16.0, 8.0, 24.0]              # K = 2, 1, 3 steps of 8
     models = [(m.replay(state, 1, f), w) for f, w in fields]   # each client's model, rebuilt (digest-checked above)
-    fedavg = weighted_mean(models, state.keys())
-    moved = max((fedavg[k] - state[k]).abs().max().item() for k in state)
+    fedavg = weighted_mean(models, m.names)                  # the weights (the state also holds down=seeds' log)
+    moved = max((fedavg[k] - state[k]).abs().max().item() for k in m.names)
     assert moved > 1e-4
-    for k in state:
+    for k in m.names:
         assert torch.allclose(new[k], fedavg[k], rtol=0, atol=1e-6), k
     # the averaged scalars are the only thing the round's downlink record needs
     assert all(torch.equal(new[k], v) for k, v in m.replay_mean(state, 1, fields).items())
@@ -124,8 +124,6 @@ def test_decomfl_uplink_is_K_by_P_scalars_plus_framing(decomfl_round):
     assert 0 < framing < 80                                        # header, names, dims, digest, _n, CRC
     _, _, m4, _, _, up4, _ = _client("decomfl", range(16), local_steps=5, method_options={"P": 2, "lr": 1e-2})
     assert len(up4) - len(up) == 4 * 2 * (5 - 2)                   # 4 bytes per extra scalar, nothing else
-    assert stats["down_seed_only_bytes"] == encoded_size(
-        {"round_seed": Spec("int"), "g": Spec("tensor", (2, 2), "fp32")}, kind="decomfl/down-seeds")
 
 
 def test_decomfl_catch_up_downlink_grows_with_missed_rounds():
@@ -134,7 +132,8 @@ def test_decomfl_catch_up_downlink_grows_with_missed_rounds():
     assert s1["seed_records_missed"] == 0 and s1["down_seed_history_bytes"] == 0
     *_, s4 = _client("decomfl", range(8), rnd=4, state=state)         # took part in round 1, back in round 4
     assert s4["seed_records_missed"] == 3
-    assert s4["down_seed_history_bytes"] == 3 * s4["down_seed_only_bytes"]
+    # one message of 3 records shares its header and round seed: less than 3 one-record messages
+    assert s4["down_seed_only_bytes"] < s4["down_seed_history_bytes"] < 3 * s4["down_seed_only_bytes"]
     *_, s3 = _client("decomfl", range(8), rnd=3, state={})            # first time in round 3: rounds 1, 2
     assert s3["seed_records_missed"] == 2
 
@@ -163,7 +162,9 @@ def test_seed_only_downlink_rebuilds_the_global_model_bit_for_bit(name):
             assert kind == expect[rnd][c]
             full = len(down) if kind == "down" else full
             if kind != "down":             # round seed + records of 2 steps x (P1 + P2) scalars, not the weights
-                assert len(down) < 200 * (rnd - int(held[c]["held_round"][0])) < full / 1000
+                records = rnd - int(held[c]["held_round"][0])
+                assert len(down) < 200 * records < full / 1000
+                assert len(down) == m.seed_down_bytes(cfg.local_steps, records)   # the reported size is the real one
             ctx = ClientContext(c, rnd, 100 * rnd + c, cfg, T.loss, held[c])
             up, _ = P.client_round(m, model, down, subset(T.train, range(8 * c, 8 * c + 16)), ctx, cfg.max_message_bytes)
             # what the client trained from is the server's global model of this round, bit for bit

@@ -21,16 +21,19 @@ float rounding (tests/test_zo_baselines.py checks it). They are NOT equal once t
 optimizer has state (momentum, Adam) or weight decay: then averaging scalars is DeComFL's
 approximation, not FedAvg of models. (A client with fewer steps counts 0 for its missing steps.)
 
-Wire: down = the weights (fp32) + round seed by default, as MeZO; `down = "seeds"` sends the
-paper's downlink (MeZO's: records of mean scalars since the round whose model the client holds).
-Reported in stats either way:
-  down_seed_only_bytes     one round's record: round seed + K x P mean scalars (encoded size);
-  down_seed_history_bytes  what THIS client must download to catch up this round: one record per
-                           round since it last took part (rounds r .. t-1 after taking part in r;
-                           rounds 1 .. t-1 for a first-time client, which starts from the initial
-                           model), with its own K as the record size. Remembered in ctx.state.
+Wire: down = "seeds" by default, the paper's downlink (MeZO's: records of mean scalars since the round
+whose model the client holds; first-time clients get the weights); `down = "model"` sends the weights
+(fp32) + round seed to everyone, as MeZO does by default. Reported in stats either way, each the len() of
+the message the server would send (MeZO.seed_down_bytes encodes it):
+  down_seed_only_bytes     one round's record: round seed + K x P mean scalars;
+  down_seed_history_bytes  what THIS client must download to catch up this round: one message with a
+                           record per round since it last took part (rounds r .. t-1 after taking part
+                           in r; rounds 1 .. t-1 for a first-time client, which starts from the initial
+                           model), with its own K as each record's size. Remembered in ctx.state.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -39,8 +42,14 @@ from lightfed.methods import mezo
 LAST = "decomfl_last_round"
 
 
+@dataclass
+class Options(mezo.Options):
+    down: str = "seeds"         # the published downlink (model: the weights to everyone)
+
+
 class DeComFL(mezo.MeZO):
     name = "decomfl"
+    Options = Options
     TAG = 0x4465436F            # its own directions (never MeZO's), same derivation
     average_scalars = True      # the aggregator: replay of the mean scalars (MeZO.aggregate)
 
@@ -48,7 +57,8 @@ class DeComFL(mezo.MeZO):
         up, stats = super().client_update(model, down, data, ctx)
         last = int(ctx.state[LAST][0]) if LAST in ctx.state else 1
         stats["seed_records_missed"] = max(0, ctx.round - last)
-        stats["down_seed_history_bytes"] = stats["seed_records_missed"] * stats["down_seed_only_bytes"]
+        missed = stats["seed_records_missed"]
+        stats["down_seed_history_bytes"] = self.seed_down_bytes(stats["steps"], missed) if missed else 0
         ctx.state[LAST] = torch.tensor([ctx.round], dtype=torch.int64)
         return up, stats
 

@@ -41,7 +41,7 @@ from lightfed.config import ConfigError
 from lightfed.data.tensors import size
 from lightfed.methods.base import EXAMPLES, Method, Rejected, weighted_mean
 from lightfed.optim import zeroth_order as zo
-from lightfed.wire import Spec, encoded_size, tensor_schema
+from lightfed.wire import Spec, encode, tensor_schema
 
 DIGEST = "digest"
 HELD, HELD_W = "held_round", "held."      # client state: round r0 whose global model it holds, and those weights
@@ -204,10 +204,11 @@ class MeZO(Method):
         return {**{f: Spec("tensor", None if K is None else (K, P), "fp32") for f, P in self.scalars().items()},
                 DIGEST: Spec("bytes", max_len=8)}
 
-    def seed_down_bytes(self, K: int) -> int:
-        """Exact size of the seed-only downlink of one round: its round seed + K x P mean scalars."""
-        schema = {"round_seed": Spec("int"), **{f: Spec("tensor", (K, P), "fp32") for f, P in self.scalars().items()}}
-        return encoded_size(schema, kind=f"{self.name}/down-seeds")
+    def seed_down_bytes(self, K: int, records: int = 1) -> int:
+        """len() of a seed-only downlink carrying `records` rounds of K steps: the message the server would
+        send (seeds_schema's field names and kind), encoded with zeros in place of the scalars."""
+        fields = {"round_seed": 0, **{f"{i}.{f}": torch.zeros(K, P) for i in range(records) for f, P in self.scalars().items()}}
+        return len(encode(fields, self.seeds_schema(records), kind=f"{self.name}/seeds/0"))
 
     # --- 2. local optimizer ----------------------------------------------------------------------
     def client_update(self, model, down, data, ctx):
