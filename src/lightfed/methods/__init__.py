@@ -16,8 +16,9 @@ from lightfed.methods.mezo import MeZO
 from lightfed.methods.powersgd import PowerSGD
 from lightfed.methods.topk import TopK
 from lightfed.methods.vera import VeRA
+from lightfed.methods.zoflite import ZOFLITE
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL, FedALA, FedSSI, LocalOnly)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL, FedALA, FedSSI, LocalOnly, ZOFLITE)}
 
 
 def options(name: str, given: dict):

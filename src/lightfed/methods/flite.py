@@ -44,7 +44,8 @@ HEADS = ("orthogonal", "random", "trainable")
 
 
 @dataclass
-class Options(fedavg.Options):
+class LatentOptions:
+    """The latent map's options (FLITE, ZO-FLITE)."""
     r: int = 6                      # rank; matrix form: r^2 latents per layer
     layers: str = "linear,conv"     # module types parameterized: linear, conv, embedding
     form: str = "matrix"            # matrix (A Z B^T, every latent live) | flat (the paper's U V^T z)
@@ -52,11 +53,8 @@ class Options(fedavg.Options):
     mode: str = "cache"             # cache (factors in memory) | regen (drawn again each forward)
     seed: int = -1                  # 64-bit factor seed; -1 = derived from the run seed
     head: str = "orthogonal"        # orthogonal | random | trainable
-    stochastic: bool = False        # stochastic rounding for int8/int4
-    lr: float = 1e-2                # AdamW/SGD step for the latents (see below); 0 = cfg.lr
 
-    def check(self):
-        super().check()
+    def check_latent(self):
         if self.r < 1 or self.k < 0:
             raise ConfigError(f"r = {self.r}, k = {self.k}: need r >= 1 and k >= 0")
         try:
@@ -68,8 +66,37 @@ class Options(fedavg.Options):
                 raise ConfigError(f"{name} = {val!r}: use one of {', '.join(ok)}")
         if not -1 <= self.seed < 2**64:
             raise ConfigError(f"seed = {self.seed}: a 64-bit seed in [0, 2**64), or -1 (from the run seed)")
+
+
+@dataclass
+class Options(fedavg.Options, LatentOptions):
+    stochastic: bool = False        # stochastic rounding for int8/int4
+    lr: float = 1e-2                # AdamW/SGD step for the latents (see below); 0 = cfg.lr
+
+    def check(self):
+        super().check()
+        self.check_latent()
         if self.lr < 0:
             raise ConfigError(f"lr = {self.lr}: must be >= 0 (0 = cfg.lr)")
+
+
+def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
+    """FLITE's parameterization on `model` (in place): the latent map on its layers (everything frozen but
+    z) and the head policy `o.head`. -> (factor seed, latent.info). Shared with methods/zoflite.py."""
+    seed = o.seed if o.seed >= 0 else seeds.derive(run_seed, 0xF117E)     # the factor seed (8 B, sent once)
+    latent.install(model, r=o.r, layers=o.layers, seed=seed, mode=o.mode, form=o.form, k=o.k)  # freezes all
+    head = getattr(model, "head", None)
+    if isinstance(head, nn.Linear):
+        with torch.no_grad():     # portable draws: server and clients regenerate the same frozen head
+            hs = seeds.derive(seed, 2)
+            if o.head == "orthogonal":
+                head.weight.copy_(seeds.orthogonal(head.weight.shape, hs))
+            elif o.head == "random":
+                head.weight.copy_(seeds.normal(head.weight.shape, hs) * head.in_features ** -0.5)
+            if o.head != "trainable" and head.bias is not None:
+                head.bias.zero_()
+        head.requires_grad_(o.head == "trainable")
+    return seed, latent.info(model)
 
 
 class FLITE(fedavg.FedAvg):
@@ -77,21 +104,7 @@ class FLITE(fedavg.FedAvg):
     Options = Options
 
     def prepare(self, model):
-        o = self.opts
-        self.seed = o.seed if o.seed >= 0 else seeds.derive(self.cfg.seed, 0xF117E)     # the factor seed (8 B, sent once)
-        latent.install(model, r=o.r, layers=o.layers, seed=self.seed, mode=o.mode, form=o.form, k=o.k)  # freezes all
-        head = getattr(model, "head", None)
-        if isinstance(head, nn.Linear):
-            with torch.no_grad():     # portable draws: server and clients regenerate the same frozen head
-                hs = seeds.derive(self.seed, 2)
-                if o.head == "orthogonal":
-                    head.weight.copy_(seeds.orthogonal(head.weight.shape, hs))
-                elif o.head == "random":
-                    head.weight.copy_(seeds.normal(head.weight.shape, hs) * head.in_features ** -0.5)
-                if o.head != "trainable" and head.bias is not None:
-                    head.bias.zero_()
-            head.requires_grad_(o.head == "trainable")
-        self.info = latent.info(model)
+        self.seed, self.info = install(model, self.opts, self.cfg.seed)
         return super().prepare(model)    # shapes: {"z": (K,)} (+ head.weight, head.bias)
 
     def _round(self, fields, g):
