@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--engine", choices=["local", "flower-sim"], default="local",
                    help="local: in-process (default); flower-sim: Flower's Simulation Engine, same bytes and result")
+    rp = sub.add_parser("report", help="table, plots (PNG) and one self-contained HTML page of finished runs")
+    rp.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    rp.add_argument("--out", help="folder for the plots (default: RUN_DIR/report of the first run)")
+    rp.add_argument("--html", help="the HTML page (default: <out>/report.html)")
     sub.add_parser("list", help="tasks and methods with their options")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
@@ -108,6 +112,11 @@ def cmd_run(a) -> int:
             summaries.append(local.run(c))
         print(f"lightfed: results in {summaries[-1]['out']}", file=sys.stderr)
     print(table(summaries))
+    if len({s["metric"] for s in summaries}) == 1:
+        from lightfed.report import make_report
+        first = Path(summaries[0]["out"])
+        r = make_report([s["out"] for s in summaries], (first.parent if len(summaries) > 1 else first) / "report")
+        print(f"lightfed: report: {r['html']}", file=sys.stderr)
     return 0
 
 
@@ -136,6 +145,12 @@ def main(argv=None) -> int:
             return cmd_run(a)
         if a.cmd == "list":
             return cmd_list()
+        if a.cmd == "report":
+            from lightfed.report import make_report
+            r = make_report(a.runs, a.out or Path(a.runs[0]) / "report", a.html)
+            print(r["table"])
+            print(f"lightfed: report: {r['html']} (plots: {', '.join(r['images'])})", file=sys.stderr)
+            return 0
         if a.cmd == "pretrain":
             from lightfed.tasks import pretrain_fmnist
             from lightfed.tasks import WIDTHS

@@ -1,7 +1,12 @@
-"""Tables and plots of run summaries."""
+"""Tables and plots of run summaries; `lightfed report RUN_DIR ...`: PNG plots + one self-contained HTML page."""
 from __future__ import annotations
 
+import base64
+import html
+import json
 from pathlib import Path
+
+from lightfed.config import ConfigError
 
 
 def human_bytes(n: float | None) -> str:
@@ -57,3 +62,113 @@ def plot_history(summaries: list[dict], path: str | Path, title: str = "") -> No
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# --- lightfed report ------------------------------------------------------------------------------
+def load_run(d: str | Path) -> tuple[dict, list[dict]]:
+    """(summary.json, metrics.jsonl records) of a finished run folder; a clear error otherwise."""
+    d = Path(d)
+    if not (d / "summary.json").is_file() or not (d / "metrics.jsonl").is_file():
+        raise ConfigError(f"{d}: not a finished run (needs summary.json and metrics.jsonl)")
+    return json.loads((d / "summary.json").read_text()), [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+def curves(summary: dict, records: list[dict]) -> dict[str, list[float]]:
+    """Per evaluated round: round, metric, cumulative uplink bytes and client FLOPs (all clients) up to it."""
+    metric, out = summary["metric"], {"round": [], "metric": [], "up": [], "flops": []}
+    up = flops = 0.0
+    for r in records:
+        up += sum(c["up"] for c in r.get("clients", []))
+        flops += sum(c.get("flops", 0) for c in r.get("clients", []))
+        if metric in r:
+            for k, v in (("round", r["round"]), ("metric", r[metric]), ("up", up), ("flops", flops)):
+                out[k].append(v)
+    return out
+
+
+def _label(s: dict) -> str:
+    name = Path(s["out"]).name
+    return s.get("label") or (s["method"] if name == s["method"] else f"{s['method']} ({name})")
+
+
+def pareto(points: list[tuple[float, float]], higher_is_better: bool) -> list[tuple[float, float]]:
+    """The points no other point beats on both bytes (fewer) and metric, sorted by bytes."""
+    sign = 1 if higher_is_better else -1
+    front, best = [], -float("inf")
+    for b, m in sorted(points):
+        if sign * m > best:
+            front.append((b, m))
+            best = sign * m
+    return front
+
+
+def plots(runs: list[tuple[dict, list[dict]]], out: Path) -> list[Path]:
+    """metric vs round, vs cumulative uplink bytes, vs cumulative client FLOPs, and the bytes Pareto front."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    metric = runs[0][0]["metric"]
+    hib = metric != "perplexity"
+    paths = []
+    for key, xlabel, name, logx in (("round", "round", "metric_vs_round", False),
+                                    ("up", "cumulative uplink bytes (all clients)", "metric_vs_bytes", True),
+                                    ("flops", "cumulative client FLOPs", "metric_vs_flops", True)):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for s, rec in runs:
+            c = curves(s, rec)
+            xs = c[key] if key == "round" else [max(x, 1.0) for x in c[key]]
+            ax.plot(xs, c["metric"], marker="o", label=_label(s))
+        ax.set(xlabel=xlabel, ylabel=metric, xscale="log" if logx else "linear")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / f"{name}.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    pts = [(s["bytes"]["up_per_client_round"], s["final"]) for s, _ in runs]
+    for (s, _), (b, m) in zip(runs, pts):
+        ax.scatter([b], [m])
+        ax.annotate(_label(s), (b, m), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    front = pareto(pts, hib)
+    ax.plot([b for b, _ in front], [m for _, m in front], "k--", lw=1, label="Pareto front")
+    ax.set(xlabel="uplink bytes per client per round", ylabel=f"final {metric}", xscale="log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "pareto_bytes.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def html_page(runs: list[tuple[dict, list[dict]]], images: list[Path], title: str = "lightfed report") -> str:
+    """One page, no network: the run table and every plot embedded as a data: URI."""
+    summaries = [s for s, _ in runs]
+    table_md = results_table(summaries).splitlines()
+    head = [c.strip() for c in table_md[0].strip("|").split("|")]
+    body = [[c.strip() for c in l.strip("|").split("|")] for l in table_md[2:]]
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
+    imgs = "".join(f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+                   f"<figcaption>{p.stem.replace('_', ' ')}</figcaption></figure>" for p in images)
+    runs_list = "".join(f"<li>{html.escape(_label(s))}: <code>{html.escape(str(s['out']))}</code></li>" for s in summaries)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #bbb;"
+            "padding:4px 8px}figure{display:inline-block;margin:1em}img{max-width:640px}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{rows}"
+            f"</table><h2>Plots</h2>{imgs}<h2>Runs</h2><ul>{runs_list}</ul></body></html>")
+
+
+def make_report(dirs: list[str | Path], out: str | Path, html_file: str | Path | None = None) -> dict:
+    """Table (returned as markdown), PNG plots in `out`, and the HTML page (default out/report.html)."""
+    runs = [load_run(d) for d in dirs]
+    if len({s["metric"] for s, _ in runs}) > 1:
+        raise ConfigError(f"runs measure different metrics {sorted({s['metric'] for s, _ in runs})}: report one task at a time")
+    out = Path(out)
+    images = plots(runs, out)
+    page = Path(html_file) if html_file else out / "report.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(html_page(runs, images))
+    return {"table": results_table([s for s, _ in runs]), "images": [str(p) for p in images], "html": str(page)}
