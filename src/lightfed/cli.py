@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rp.add_argument("--out", help="folder for the plots (default: RUN_DIR/report of the first run)")
     rp.add_argument("--html", help="the HTML page (default: <out>/report.html)")
+    ex = sub.add_parser("export", help="the run's final global model as a folder transformers loads (from_pretrained)")
+    ex.add_argument("run", metavar="RUN_DIR")
+    ex.add_argument("--to", required=True, metavar="DIR")
+    ex.add_argument("--adapter", action="store_true", help="LoRA-family runs: write the adapters alone (PEFT layout)")
     sub.add_parser("list", help="tasks and methods with their options")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
@@ -145,6 +149,11 @@ def main(argv=None) -> int:
             return cmd_run(a)
         if a.cmd == "list":
             return cmd_list()
+        if a.cmd == "export":
+            from lightfed.export import export
+            r = export(a.run, a.to, a.adapter)
+            print(f"lightfed: exported ({r['kind']}) to {r['dir']}", file=sys.stderr)
+            return 0
         if a.cmd == "report":
             from lightfed.report import make_report
             r = make_report(a.runs, a.out or Path(a.runs[0]) / "report", a.html)

@@ -1,0 +1,116 @@
+"""`lightfed export RUN_DIR --to DIR`: the run's final global model, as the clients receive it, in a folder
+that transformers loads with from_pretrained.
+
+- FLITE / ZO-FLITE: W + A Z B^T materialised into every latent layer, the layers unwrapped (plain weights).
+- LoRA-family (lora, fedala, fedssi, local's global model): W + (alpha / r) B A merged by PEFT, unwrapped;
+  `--adapter` instead writes the adapters alone (adapter_model.safetensors + adapter_config.json, as PEFT
+  saves them) next to the base model's name.
+- Weight-space methods (fedavg, fedprox, top-k, PowerSGD, the zeroth-order ones): the weights as they are.
+- FedNL: its memory branches are not a transformers architecture: refused with what to do instead.
+
+What is written, by backbone:
+  causal LM (SmolLM2)     AutoModelForCausalLM.from_pretrained(DIR) + the tokenizer
+  MiniLM classifier       AutoModel.from_pretrained(DIR) (the encoder) + the tokenizer + head.safetensors:
+                          logits = head(masked mean of the last hidden states), see `load_classifier`
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+
+from lightfed import config as C
+from lightfed.models import backbones, latent
+
+
+def merge_latent(model: nn.Module) -> nn.Module:
+    """FLITE's map baked in: every LatentLayer replaced by its base layer with weight W + dW; z removed."""
+    merged = latent.materialize(model)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for name, m in latent.latent_layers(model):
+        if emb is not None and m.base.weight is emb.weight:      # a tied LM head: its delta is its own, untie it
+            m.base.weight = nn.Parameter(merged[f"{name}.weight"].clone(), requires_grad=False)
+            model.config.tie_word_embeddings = False
+        else:
+            with torch.no_grad():
+                m.base.weight.copy_(merged[f"{name}.weight"])
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, m.base)
+    del model._parameters["z"]
+    return model
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """PEFT's LoRA layers merged into their base layers and unwrapped."""
+    from peft.tuners.lora import LoraLayer
+    for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]:
+        m.merge()
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, m.get_base_layer())
+    return model
+
+
+def lora_adapters(model: nn.Module, method) -> tuple[dict, dict]:
+    """(adapter tensors in PEFT's file layout, adapter_config.json) of a LoRA-family model."""
+    o = method.opts
+    tensors = {n.replace(".default", ""): p.detach().contiguous() for n, p in model.named_parameters() if "lora_" in n}
+    cfg = {"peft_type": "LORA", "r": o.r, "lora_alpha": o.alpha, "lora_dropout": o.dropout,
+           "target_modules": sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors}), "bias": "none"}
+    return tensors, cfg
+
+
+def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
+    from lightfed.engine import local
+    from lightfed.engine import protocol as P
+
+    run_dir, to = Path(run_dir), Path(to)
+    if not (run_dir / "config.json").is_file() or not (run_dir / "ckpt" / "latest.json").is_file():
+        raise C.ConfigError(f"{run_dir}: no config.json + ckpt/latest.json: not a lightfed run folder")
+    cfg = C.load_json(run_dir / "config.json")
+    if cfg.method == "fednl":
+        raise C.ConfigError("fednl: its memory branches are not a transformers architecture; the trained rules "
+                            "(theta) are in ckpt/*/state.safetensors and load with `lightfed run --resume`")
+    S = local.build(cfg)
+    rnd, state, _, _ = local.load_checkpoint(run_dir)
+    S.method.load(S.model, P.received(S.method, state, rnd + 1, cfg.max_message_bytes))
+    model, to_write = S.model.eval(), {}
+    to.mkdir(parents=True, exist_ok=True)
+    peft_family = cfg.method in ("lora", "fedala", "fedssi", "local")
+    if adapter:
+        if not peft_family:
+            raise C.ConfigError(f"--adapter: {cfg.method} has no LoRA adapters; export merged weights instead")
+        tensors, acfg = lora_adapters(model, S.method)
+        save_file(tensors, to / "adapter_model.safetensors")
+        (to / "adapter_config.json").write_text(json.dumps({**acfg, "base_model_name_or_path": S.task.info["backbone"]}, indent=1))
+        return {"kind": "adapter", "dir": str(to), "tensors": len(tensors)}
+    if latent.latent_layers(model):
+        model = merge_latent(model)
+    if peft_family:
+        model = merge_lora(model)
+    if isinstance(model, backbones.TextClassifier):
+        model.encoder.save_pretrained(to)
+        save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, to / "head.safetensors")
+        backbones.minilm_tokenizer().save_pretrained(to)
+        kind = "encoder + head"
+    elif hasattr(model, "save_pretrained"):
+        model.save_pretrained(to)
+        backbones.smollm2_tokenizer().save_pretrained(to)
+        kind = "causal LM"
+    else:
+        raise C.ConfigError(f"export: a {type(model).__name__} is not a transformers model (task {cfg.task})")
+    (to / "lightfed.json").write_text(json.dumps({"run": str(run_dir), "round": rnd, "task": cfg.task,
+                                                  "method": cfg.method, "kind": kind}, indent=1))
+    return {"kind": kind, "dir": str(to), "round": rnd}
+
+
+def load_classifier(d: str | Path) -> backbones.TextClassifier:
+    """An exported MiniLM classifier: the encoder from_pretrained + its head (mean pooling, as trained)."""
+    from transformers import AutoModel
+    enc = AutoModel.from_pretrained(d)
+    head = load_file(Path(d) / "head.safetensors")
+    model = backbones.TextClassifier(enc, head["weight"].shape[0])
+    model.head.load_state_dict(head)
+    return model.eval()
