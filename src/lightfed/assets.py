@@ -199,3 +199,23 @@ def describe() -> dict:
     hf = cache_dir() / "models" / "smollm2-135m-instruct"  # built by smollm2_dir() on first use
     out["smollm2"]["converted"] = str(hf) if _complete(hf) else None
     return out
+
+
+def user_model(path: str) -> tuple[Path, str | None]:
+    """A user's own local Hugging Face model folder -> (folder, GGUF file name or None). Nothing is downloaded:
+    a hub name without a local folder is refused with the command that fetches it elsewhere."""
+    from lightfed.config import ConfigError
+    d = Path(path).expanduser()
+    if d.is_file() and d.suffix == ".gguf":
+        return d.parent, d.name
+    if not d.is_dir():
+        hub = "/" in path and not path.startswith((".", "/", "~")) and len(path.split("/")) == 2
+        hint = (f" lightfed never downloads: fetch it on a machine with access, e.g. "
+                f"`huggingface-cli download {path} --local-dir ./{path.split('/')[-1]}`, then pass that folder") if hub else ""
+        raise ConfigError(f"model {path!r}: no such local folder.{hint}")
+    ggufs = sorted(d.glob("*.gguf"))
+    if (d / "config.json").is_file() and (list(d.glob("*.safetensors")) or list(d.glob("*.bin"))):
+        return d, None
+    if ggufs:
+        return d, ggufs[0].name
+    raise ConfigError(f"model {path!r}: the folder needs config.json + *.safetensors (or a *.gguf file)")

@@ -93,11 +93,11 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
     if isinstance(model, backbones.TextClassifier):
         model.encoder.save_pretrained(to)
         save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, to / "head.safetensors")
-        backbones.minilm_tokenizer().save_pretrained(to)
+        backbones.minilm_tokenizer(cfg.task_options.get("model", "")).save_pretrained(to)
         kind = "encoder + head"
     elif hasattr(model, "save_pretrained"):
         model.save_pretrained(to)
-        backbones.smollm2_tokenizer().save_pretrained(to)
+        backbones.smollm2_tokenizer(cfg.task_options.get("model", "")).save_pretrained(to)
         kind = "causal LM"
     else:
         raise C.ConfigError(f"export: a {type(model).__name__} is not a transformers model (task {cfg.task})")

@@ -82,6 +82,7 @@ def _balanced_pick(labels: np.ndarray, per_class: int, rng) -> np.ndarray:
 @dataclass
 class SentimentOptions:
     tiny: bool = False
+    model: str = ""                # a local Hugging Face model folder (or .gguf file) instead of the default backbone
     train_size: int = 4000   # balanced positive/negative
     test_size: int = 1000    # balanced, disjoint from train, fixed by data_seed
     max_len: int = 40        # tokens; tweets are short (95% fit)
@@ -109,14 +110,14 @@ def _tweet_split(o) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
 
 def sentiment(o: SentimentOptions, seed: int) -> Task:
     texts, labels, train_idx, test_idx = _tweet_split(o)
-    tok = backbones.minilm_tokenizer()
+    tok = backbones.minilm_tokenizer(o.model)
 
     def encode(idx):
         enc = tok([texts[i] for i in idx], padding="max_length", truncation=True, max_length=o.max_len, return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
                 "labels": torch.as_tensor(labels[idx], dtype=torch.long)}
 
-    encoder = backbones.minilm(o.tiny or not o.pretrained, seed)
+    encoder = backbones.minilm(o.tiny or not o.pretrained, seed, o.model)
     if not o.pretrained and not o.tiny:  # same shape as the real one, random weights
         from transformers import BertModel
         with seeded(seed):
@@ -133,13 +134,14 @@ def sentiment(o: SentimentOptions, seed: int) -> Task:
 
     train = encode(train_idx)
     return Task("sentiment", "accuracy", True, model, train, encode(test_idx), train["labels"].numpy(), None,
-                loss, evaluate, {"backbone": "tiny-bert" if o.tiny else "all-MiniLM-L6-v2", "classes": ["negative", "positive"]})
+                loss, evaluate, {"backbone": o.model or ("tiny-bert" if o.tiny else "all-MiniLM-L6-v2"), "classes": ["negative", "positive"]})
 
 
 # --- psentiment (prompt-based: a causal LM scores the label words) -----------------------------------
 @dataclass
 class PromptSentimentOptions:
     tiny: bool = False
+    model: str = ""                # a local Hugging Face model folder (or .gguf file) instead of the default backbone
     train_size: int = 2000
     test_size: int = 1000          # balanced; one example = 0.1 pp
     max_len: int = 64              # prompt tokens (the tweet is cut from its end to fit)
@@ -162,7 +164,7 @@ def psentiment(o: PromptSentimentOptions, seed: int) -> Task:
     """The prompt-based setting of the zeroth-order line (MeZO, DeComFL, FedKSeed): the pretrained LM already
     ranks the label words above chance (zero-shot: round 0), fine-tuning moves it from there."""
     texts, labels, train_idx, test_idx = _tweet_split(o)
-    tok = backbones.smollm2_tokenizer()
+    tok = backbones.smollm2_tokenizer(o.model)
     words = o.labels.split("|")
     label_ids = torch.tensor([tok(w, add_special_tokens=False)["input_ids"][0] for w in words])
     if len(set(label_ids.tolist())) != len(words):
@@ -184,7 +186,7 @@ def psentiment(o: PromptSentimentOptions, seed: int) -> Task:
         return {"input_ids": ids, "attention_mask": attn, "label_ids": label_ids.expand(len(idx), -1).clone(),
                 "labels": torch.as_tensor(labels[idx], dtype=torch.long)}, n_tok
 
-    model = backbones.smollm2(o.tiny, seed)
+    model = backbones.smollm2(o.tiny, seed, o.model)
 
     def loss(m, b):
         return F.cross_entropy(label_scores(m, b["input_ids"], b["attention_mask"], b["label_ids"]), b["labels"])
@@ -195,7 +197,7 @@ def psentiment(o: PromptSentimentOptions, seed: int) -> Task:
 
     (train, n_train), (test, n_test) = encode(train_idx), encode(test_idx)
     return Task("psentiment", "accuracy", True, model, train, test, train["labels"].numpy(), None, loss, evaluate,
-                {"backbone": "tiny-llama" if o.tiny else "SmolLM2-135M-Instruct", "classes": ["negative", "positive"],
+                {"backbone": o.model or ("tiny-llama" if o.tiny else "SmolLM2-135M-Instruct"), "classes": ["negative", "positive"],
                  "template": o.template, "label_words": words, "label_token_ids": label_ids.tolist(),
                  "prompt_tokens_mean": float(np.mean(n_train + n_test))})
 
@@ -204,6 +206,7 @@ def psentiment(o: PromptSentimentOptions, seed: int) -> Task:
 @dataclass
 class TriviaOptions:
     tiny: bool = False
+    model: str = ""                # a local Hugging Face model folder (or .gguf file) instead of the default backbone
     train_size: int = 2000
     test_size: int = 500
     max_len: int = 48
@@ -254,7 +257,7 @@ def trivia(o: TriviaOptions, seed: int) -> Task:
             break
     if len(questions) < o.train_size + o.test_size:
         raise ConfigError(f"trivia: only {len(questions)} questions available")
-    tok = backbones.smollm2_tokenizer()
+    tok = backbones.smollm2_tokenizer(o.model)
 
     def encode(qs):
         n, L = len(qs), o.max_len
@@ -273,7 +276,7 @@ def trivia(o: TriviaOptions, seed: int) -> Task:
                 "labels": torch.tensor([q[2] for q in qs])}
 
     train_q, test_q = questions[: o.train_size], questions[o.train_size:]
-    model = backbones.smollm2(o.tiny, seed)
+    model = backbones.smollm2(o.tiny, seed, o.model)
 
     def loss(m, b):
         return F.cross_entropy(option_scores(m, b["input_ids"], b["attention_mask"], b["target_mask"]), b["labels"])
@@ -285,7 +288,7 @@ def trivia(o: TriviaOptions, seed: int) -> Task:
     train = encode(train_q)
     domains = np.array([datasets.subject_domain(q[3]) for q in train_q])
     return Task("trivia", "accuracy", True, model, train, encode(test_q), train["labels"].numpy(), domains,
-                loss, evaluate, {"backbone": "tiny-llama" if o.tiny else "SmolLM2-135M-Instruct", "domains": sorted(set(domains))},
+                loss, evaluate, {"backbone": o.model or ("tiny-llama" if o.tiny else "SmolLM2-135M-Instruct"), "domains": sorted(set(domains))},
                 test_domains=np.array([datasets.subject_domain(q[3]) for q in test_q]))
 
 
@@ -293,6 +296,7 @@ def trivia(o: TriviaOptions, seed: int) -> Task:
 @dataclass
 class AustenOptions:
     tiny: bool = False
+    model: str = ""                # a local Hugging Face model folder (or .gguf file) instead of the default backbone
     block_len: int = 128
     train_blocks: int = 1200  # sampled from the first 90% of each novel
     test_blocks: int = 120    # sampled from the last 10% of each novel
@@ -311,7 +315,7 @@ class AustenOptions:
 
 def austen(o: AustenOptions, seed: int) -> Task:
     books = datasets.load_austen()
-    tok = backbones.smollm2_tokenizer()
+    tok = backbones.smollm2_tokenizer(o.model)
     tok.model_max_length = 10**9   # whole novels are tokenised once, then cut into blocks
     rng = np.random.default_rng([o.data_seed, 12])
     titles = sorted(books)
@@ -325,7 +329,7 @@ def austen(o: AustenOptions, seed: int) -> Task:
         train_x.append(blocks[torch.as_tensor(np.sort(rng.choice(cut, ntr, replace=False)))])
         test_x.append(blocks[cut:][torch.as_tensor(np.sort(rng.choice(len(blocks) - cut, nte, replace=False)))])
         train_d += [b] * ntr
-    model = backbones.smollm2(o.tiny, seed)
+    model = backbones.smollm2(o.tiny, seed, o.model)
 
     def loss(m, b):
         if o.window:
@@ -346,7 +350,7 @@ def austen(o: AustenOptions, seed: int) -> Task:
     domains = np.array([titles[d] for d in train_d])
     return Task("austen", "perplexity", False, model, {"input_ids": torch.cat(train_x)}, {"input_ids": torch.cat(test_x)},
                 np.array(train_d), domains, loss, evaluate,
-                {"backbone": "tiny-llama" if o.tiny else "SmolLM2-135M-Instruct", "novels": titles})
+                {"backbone": o.model or ("tiny-llama" if o.tiny else "SmolLM2-135M-Instruct"), "novels": titles})
 
 
 # --- fmnist (our own pretrained GroupNorm ResNet) -----------------------------------------------
@@ -431,6 +435,7 @@ def fmnist(o: FmnistOptions, seed: int) -> Task:
 @dataclass
 class NiahOptions:
     tiny: bool = False
+    model: str = ""                # a local Hugging Face model folder (or .gguf file) instead of the default backbone
     templates: str = "all"         # comma-separated names from data.niah.TASKS, or all (the seven of TASKS7)
     train_len: int = 1024          # tokens per training stream (train split: Austen's first 90%, its own keys/values)
     train_per_template: int = 16
@@ -467,7 +472,7 @@ def niah(o: NiahOptions, seed: int) -> Task:
     names = list(N.TASKS7 if o.templates == "all" else [t.strip() for t in o.templates.split(",")])
     lengths = [int(x) for x in o.lengths.split(",")]
     books = datasets.load_austen()
-    tok = backbones.smollm2_tokenizer()
+    tok = backbones.smollm2_tokenizer(o.model)
     tok.model_max_length = 10**9
     hay_train, hay_eval = N.haystack_split(books, "train"), N.haystack_split(books, "eval")
     rows, doms = [], []
@@ -489,7 +494,7 @@ def niah(o: NiahOptions, seed: int) -> Task:
              for s_ in N.make_samples(t, n, tok, hay_eval, o.test_per_cell, seed=10**6 + o.data_seed * 1000 + 10 * i + k,
                                       split="eval", gen_tokens=o.gen_tokens)]
     prompts = [torch.tensor([tok(s_.prompt, add_special_tokens=False)["input_ids"]]) for s_ in tests]
-    model = backbones.smollm2(o.tiny, seed)
+    model = backbones.smollm2(o.tiny, seed, o.model)
 
     def loss(m, b):
         return streaming.target_nll(m, b["input_ids"], b["target_mask"], o.window)
@@ -515,7 +520,7 @@ def niah(o: NiahOptions, seed: int) -> Task:
     test = {"idx": torch.arange(len(tests)), "labels": torch.tensor([names.index(s_.task) for s_ in tests])}
     train = {"input_ids": ids, "target_mask": tmask, "labels": torch.tensor([names.index(d) for d in doms])}
     return Task("niah", "accuracy", True, model, train, test, train["labels"].numpy(), np.array(doms), loss, evaluate,
-                {"backbone": "tiny-llama" if o.tiny else "SmolLM2-135M-Instruct", "templates": names, "lengths": lengths,
+                {"backbone": o.model or ("tiny-llama" if o.tiny else "SmolLM2-135M-Instruct"), "templates": names, "lengths": lengths,
                  "window": o.window, "train_tokens_padded": int(tmask.shape[1]),
                  "test_tokens_mean": float(np.mean([s_.n_tokens for s_ in tests]))},
                 test_domains=np.array([s_.task for s_ in tests]), details=details)

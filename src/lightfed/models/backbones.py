@@ -47,9 +47,12 @@ class TextClassifier(nn.Module):
         return self.head(pooled)                                                                    # (B, C)
 
 
-def minilm(tiny: bool, seed: int) -> nn.Module:
-    from transformers import BertConfig, BertModel
+def minilm(tiny: bool, seed: int, path: str = "") -> nn.Module:
+    """The encoder: all-MiniLM-L6-v2, its tiny twin, or a user's local encoder folder (`path`)."""
+    from transformers import AutoModel, BertConfig, BertModel
 
+    if path:
+        return AutoModel.from_pretrained(assets.user_model(path)[0], dtype=torch.float32)
     if tiny:
         cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=512)
@@ -58,15 +61,20 @@ def minilm(tiny: bool, seed: int) -> nn.Module:
     return BertModel.from_pretrained(assets.minilm_dir(), add_pooling_layer=False, dtype=torch.float32)
 
 
-def minilm_tokenizer():
+def minilm_tokenizer(path: str = ""):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(assets.minilm_dir())
+    return AutoTokenizer.from_pretrained(assets.user_model(path)[0] if path else assets.minilm_dir())
 
 
-def smollm2(tiny: bool, seed: int) -> nn.Module:
+def smollm2(tiny: bool, seed: int, path: str = "") -> nn.Module:
+    """The causal LM: SmolLM2-135M-Instruct, its tiny twin, or a user's local folder (`path`)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+    if path:
+        folder, gguf = assets.user_model(path)
+        kw = {"gguf_file": gguf} if gguf else {}
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
     if tiny:
         cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
@@ -76,10 +84,14 @@ def smollm2(tiny: bool, seed: int) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(assets.smollm2_dir(), dtype=torch.float32)
 
 
-def smollm2_tokenizer():
+def smollm2_tokenizer(path: str = ""):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(assets.smollm2_dir())
+    if path:
+        folder, gguf = assets.user_model(path)
+        tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf} if gguf else {}))
+    else:
+        tok = AutoTokenizer.from_pretrained(assets.smollm2_dir())
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -1,0 +1,47 @@
+"""Your own model: a local Hugging Face folder (written here from a random config) through --model, with
+every kind of method; a hub name without a local folder is refused with what to do."""
+import pytest
+import torch
+
+from conftest import TINY
+from lightfed import assets, cli, config
+from lightfed.engine import local
+from lightfed.models import backbones
+
+
+@pytest.fixture(scope="module")
+def my_llama(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    try:
+        tok = backbones.smollm2_tokenizer()
+    except assets.AssetMissing as e:
+        pytest.skip(str(e))
+    d = tmp_path_factory.mktemp("my-llama")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+    torch.manual_seed(3)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("method", ["fedavg", "lora", "flite", "fedspzo", "fednl"])
+def test_a_local_folder_runs_through_every_kind_of_method(my_llama, tmp_path, method):
+    opts = {**{k: v for k, v in TINY["austen"].items() if k != "tiny"}, "model": str(my_llama)}
+    cfg = config.from_dict({"task": "austen", "method": method, "clients": 2, "rounds": 1, "batch_size": 4,
+                            "local_steps": 1, "lr": 1e-3, "progress": False, "task_options": opts, "out": str(tmp_path)})
+    s = local.run(cfg, log=lambda *a: None)
+    assert s["model_params"] > 0 and s["bytes"]["up_per_client_round"] > 0
+    import json
+    info = json.loads((tmp_path / "setup.json").read_text())
+    assert info["task"]["backbone"] == str(my_llama) and info["model_params"] >= 3 * 48 * 48
+
+
+def test_cli_model_flag_and_hub_names_are_refused_with_the_fix(tmp_path, capsys):
+    rc = cli.main(["run", "--task", "austen", "--method", "fedavg", "--model", "HuggingFaceTB/SmolLM2-360M",
+                   "--rounds", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no such local folder" in err and "huggingface-cli download HuggingFaceTB/SmolLM2-360M" in err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(config.ConfigError, match="config.json"):
+        assets.user_model(str(tmp_path / "empty"))
