@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", help="a results folder of an interrupted run")
     r.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="a method option")
     r.add_argument("--task-opt", action="append", default=[], metavar="KEY=VALUE", help="a task option")
+    r.add_argument("--data", metavar="FILE", help="your own data: task option data=FILE (textclf: a .csv/.jsonl/.parquet; "
+                   "austen: a folder of .txt); without --task, textclf")
     r.add_argument("--model", metavar="PATH", help="your own local Hugging Face model folder (or .gguf file): task option model=PATH")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run setting, e.g. lr=1e-4")
     r.add_argument("--no-progress", action="store_true")
@@ -65,17 +67,17 @@ def build_configs(a: argparse.Namespace) -> list[C.RunConfig]:
     from lightfed.engine import local
 
     plain = not any([a.task, a.method, a.clients, a.rounds, a.partition, a.seed is not None, a.config, a.opt,
-                     a.task_opt, a.set, a.model])
+                     a.task_opt, a.set, a.model, a.data])
     cfg = C.from_dict(MAIN_JOB) if plain else C.RunConfig()
     if a.config:
         cfg = C.load_toml(a.config, cfg)
-    over = {k: v for k, v in {"task": a.task, "clients": a.clients, "rounds": a.rounds, "partition": a.partition,
-                              "seed": a.seed}.items() if v is not None}
+    over = {k: v for k, v in {"task": a.task or ("textclf" if a.data and not a.config else None), "clients": a.clients,
+                              "rounds": a.rounds, "partition": a.partition, "seed": a.seed}.items() if v is not None}
     over.update(dict(C.parse_assignment(s) for s in a.set))
     cfg = C.from_dict(over, cfg)
     cfg.method_options = {**cfg.method_options, **dict(C.parse_assignment(s) for s in a.opt)}
     cfg.task_options = {**cfg.task_options, **dict(C.parse_assignment(s) for s in a.task_opt),
-                        **({"model": a.model} if a.model else {})}
+                        **({"model": a.model} if a.model else {}), **({"data": a.data} if a.data else {})}
     cfg.progress = not a.no_progress
     names = a.method.split(",") if a.method else (MAIN_METHODS if plain else [cfg.method])
     out = []

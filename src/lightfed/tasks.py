@@ -137,6 +137,67 @@ def sentiment(o: SentimentOptions, seed: int) -> Task:
                 loss, evaluate, {"backbone": o.model or ("tiny-bert" if o.tiny else "all-MiniLM-L6-v2"), "classes": ["negative", "positive"]})
 
 
+# --- textclf (the user's own labelled texts) ----------------------------------------------------------
+@dataclass
+class TextClfOptions:
+    data: str = ""                 # a CSV / JSON-lines / Parquet file of the user's (required)
+    text_column: str = "text"
+    label_column: str = "label"
+    client_column: str = ""        # optional: names each example's client or domain (use partition = domain)
+    test_fraction: float = 0.2     # held out at random (fixed by data_seed)
+    max_len: int = 64
+    tiny: bool = False
+    model: str = ""                # a local encoder folder instead of all-MiniLM-L6-v2
+    data_seed: int = 0
+
+    def check(self):
+        if not self.data:
+            raise ConfigError("textclf: set data=FILE (--data FILE): a .csv, .jsonl or .parquet of text + label columns")
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError(f"textclf: test_fraction = {self.test_fraction} must be in (0, 1)")
+        if not 8 <= self.max_len <= 512:
+            raise ConfigError(f"textclf: max_len = {self.max_len} must be in [8, 512]")
+
+
+def textclf(o: TextClfOptions, seed: int) -> Task:
+    """Text classification on the user's file: encoder + masked mean pooling + a linear head (as sentiment)."""
+    from lightfed.data import user
+    cols = user.read_table(o.data, [o.text_column, o.label_column], (o.client_column,))
+    names = sorted({str(v) for v in cols[o.label_column]})
+    if len(names) < 2:
+        raise ConfigError(f"textclf: column {o.label_column!r} has one class ({names}); need >= 2")
+    labels = np.array([names.index(str(v)) for v in cols[o.label_column]])
+    doms = np.array([str(v) for v in cols[o.client_column]]) if o.client_column else None
+    rng = np.random.default_rng([o.data_seed, 14])
+    order = rng.permutation(len(labels))
+    n_test = max(1, round(o.test_fraction * len(labels)))
+    test_idx, train_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
+    tok = backbones.minilm_tokenizer(o.model)
+    texts = [str(t) for t in cols[o.text_column]]
+
+    def encode(idx):
+        enc = tok([texts[i] for i in idx], padding="max_length", truncation=True, max_length=o.max_len, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                "labels": torch.as_tensor(labels[idx], dtype=torch.long)}
+
+    with seeded(seed):
+        model = backbones.TextClassifier(backbones.minilm(o.tiny, seed, o.model), len(names))
+
+    def loss(m, b):
+        return F.cross_entropy(m(b["input_ids"], b["attention_mask"]), b["labels"])
+
+    @_eval_mode
+    def evaluate(m, data):
+        return _accuracy(lambda b: m(b["input_ids"], b["attention_mask"]), data)
+
+    train = encode(train_idx)
+    return Task("textclf", "accuracy", True, model, train, encode(test_idx), labels[train_idx],
+                doms[train_idx] if doms is not None else None, loss, evaluate,
+                {"backbone": o.model or ("tiny-bert" if o.tiny else "all-MiniLM-L6-v2"), "classes": names,
+                 "data": str(o.data), "rows": len(labels)},
+                test_domains=doms[test_idx] if doms is not None else None)
+
+
 # --- psentiment (prompt-based: a causal LM scores the label words) -----------------------------------
 @dataclass
 class PromptSentimentOptions:
@@ -300,6 +361,7 @@ class AustenOptions:
     block_len: int = 128
     train_blocks: int = 1200  # sampled from the first 90% of each novel
     test_blocks: int = 120    # sampled from the last 10% of each novel
+    data: str = ""            # a folder of .txt files (one document = one domain) instead of the novels
     window: int = 0           # 0: a block in one forward; > 0: in chunks of `window` tokens, attention local to a
                               # chunk, FedNL's memory carrying across (the streaming setting, models/streaming.py)
     data_seed: int = 0
@@ -314,7 +376,11 @@ class AustenOptions:
 
 
 def austen(o: AustenOptions, seed: int) -> Task:
-    books = datasets.load_austen()
+    if o.data:
+        from lightfed.data import user
+        books = user.read_texts(o.data)
+    else:
+        books = datasets.load_austen()
     tok = backbones.smollm2_tokenizer(o.model)
     tok.model_max_length = 10**9   # whole novels are tokenised once, then cut into blocks
     rng = np.random.default_rng([o.data_seed, 12])
@@ -533,6 +599,7 @@ TASKS = {
     "austen": (AustenOptions, austen),
     "fmnist": (FmnistOptions, fmnist),
     "niah": (NiahOptions, niah),
+    "textclf": (TextClfOptions, textclf),
 }
 
 
