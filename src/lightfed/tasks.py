@@ -68,6 +68,22 @@ def _eval_mode(fn):
     return wrapped
 
 
+def encode_texts(tok, texts: list[str], labels, max_len: int) -> Data:
+    """An encoder classifier's examples: token ids and mask padded to max_len, and labels."""
+    enc = tok(texts, padding="max_length", truncation=True, max_length=max_len, return_tensors="pt")
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+            "labels": torch.as_tensor(labels, dtype=torch.long)}
+
+
+def clf_loss(m, b):
+    return F.cross_entropy(m(b["input_ids"], b["attention_mask"]), b["labels"])
+
+
+@_eval_mode
+def clf_evaluate(m, data):
+    return _accuracy(lambda b: m(b["input_ids"], b["attention_mask"]), data)
+
+
 def _balanced_pick(labels: np.ndarray, per_class: int, rng) -> np.ndarray:
     out = []
     for c in np.unique(labels):
@@ -113,9 +129,7 @@ def sentiment(o: SentimentOptions, seed: int) -> Task:
     tok = backbones.minilm_tokenizer(o.model)
 
     def encode(idx):
-        enc = tok([texts[i] for i in idx], padding="max_length", truncation=True, max_length=o.max_len, return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                "labels": torch.as_tensor(labels[idx], dtype=torch.long)}
+        return encode_texts(tok, [texts[i] for i in idx], labels[idx], o.max_len)
 
     encoder = backbones.minilm(o.tiny or not o.pretrained, seed, o.model)
     if not o.pretrained and not o.tiny:  # same shape as the real one, random weights
@@ -125,16 +139,10 @@ def sentiment(o: SentimentOptions, seed: int) -> Task:
     with seeded(seed):
         model = backbones.TextClassifier(encoder, 2)
 
-    def loss(m, b):
-        return F.cross_entropy(m(b["input_ids"], b["attention_mask"]), b["labels"])
-
-    @_eval_mode
-    def evaluate(m, data):
-        return _accuracy(lambda b: m(b["input_ids"], b["attention_mask"]), data)
 
     train = encode(train_idx)
     return Task("sentiment", "accuracy", True, model, train, encode(test_idx), train["labels"].numpy(), None,
-                loss, evaluate, {"backbone": o.model or ("tiny-bert" if o.tiny else "all-MiniLM-L6-v2"), "classes": ["negative", "positive"]})
+                clf_loss, clf_evaluate, {"backbone": o.model or ("tiny-bert" if o.tiny else "all-MiniLM-L6-v2"), "classes": ["negative", "positive"]})
 
 
 # --- textclf (the user's own labelled texts) ----------------------------------------------------------
@@ -176,23 +184,15 @@ def textclf(o: TextClfOptions, seed: int) -> Task:
     texts = [str(t) for t in cols[o.text_column]]
 
     def encode(idx):
-        enc = tok([texts[i] for i in idx], padding="max_length", truncation=True, max_length=o.max_len, return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                "labels": torch.as_tensor(labels[idx], dtype=torch.long)}
+        return encode_texts(tok, [texts[i] for i in idx], labels[idx], o.max_len)
 
     with seeded(seed):
         model = backbones.TextClassifier(backbones.minilm(o.tiny, seed, o.model), len(names))
 
-    def loss(m, b):
-        return F.cross_entropy(m(b["input_ids"], b["attention_mask"]), b["labels"])
-
-    @_eval_mode
-    def evaluate(m, data):
-        return _accuracy(lambda b: m(b["input_ids"], b["attention_mask"]), data)
 
     train = encode(train_idx)
     return Task("textclf", "accuracy", True, model, train, encode(test_idx), labels[train_idx],
-                doms[train_idx] if doms is not None else None, loss, evaluate,
+                doms[train_idx] if doms is not None else None, clf_loss, clf_evaluate,
                 {"backbone": o.model or ("tiny-bert" if o.tiny else "all-MiniLM-L6-v2"), "classes": names,
                  "data": str(o.data), "rows": len(labels)},
                 test_domains=doms[test_idx] if doms is not None else None)
