@@ -324,6 +324,7 @@ def main():
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--name", default="fednl_claims")
+    ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.memory_point:
@@ -331,6 +332,12 @@ def main():
         print(json.dumps(memory_point(mode, int(n))))
         return
     parts = ["bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
+    if a.methods:
+        keep = [m.strip() for m in a.methods.split(",")]
+        bad = [m for m in keep if m not in [x[0] for x in METHODS]]
+        if bad:
+            raise SystemExit(f"--methods: unknown {bad}; labels: {[x[0] for x in METHODS]}")
+        METHODS[:] = [m for m in METHODS if m[0] in keep]
     size, seeds = SIZES[a.size], [int(s) for s in a.seeds.split(",")]
     path = RESULTS / f"{a.name}.json"
     res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
