@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -209,7 +210,7 @@ def part_niah(size, seeds, workers) -> dict:
                 for n, v in c.items():
                     cells.setdefault(t, {}).setdefault(n, []).append(v)
         out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]),
-                     "cells": {t: {n: ms(v) for n, v in c.items()} for t, c in cells.items()},
+                     "finals": [s["final"] for s in ok], "cells": {t: {n: ms(v) for n, v in c.items()} for t, c in cells.items()},
                      "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
                      "per_client": [s.get("per_client") for s in ok], "errors": [s["error"] for s in ss if "error" in s]}
     return {"window": WINDOW, "task_options": to, "methods": out}
@@ -236,12 +237,34 @@ def part_trivia(size, seeds, workers) -> dict:
         drop = {d: ms([local[(s["config"]["seed"], d)] - s["per_domain"][d] for s in ok if (s["config"]["seed"], d) in local])
                 for d in doms if any((s["config"]["seed"], d) in local for s in ok)}
         out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
+                     "finals": [s["final"] for s in ok],
                      "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
                      "errors": [s["error"] for s in ss if "error" in s]}
     return {"task_options": size["trivia"], "methods": out}
 
 
 # --- report --------------------------------------------------------------------------------------
+def verdict(a: list[float], b: list[float], a_lower: bool) -> str:
+    """Is a below b (a_lower) or above it? "met" only with >= 3 seeds each whose ranges separate the
+    claimed way; "missed" where they separate the other way; else "inconclusive"."""
+    if len(a) < 3 or len(b) < 3:
+        return f"inconclusive (seeds: {len(a)} vs {len(b)}; a claim needs 3 each)"
+    lo_a, hi_a, lo_b, hi_b = min(a), max(a), min(b), max(b)
+    if (hi_a < lo_b) if a_lower else (lo_a > hi_b):
+        return "met"
+    if (lo_a > hi_b) if a_lower else (hi_a < lo_b):
+        return "missed"
+    return "inconclusive (the seeds' ranges overlap)"
+
+
+def by_method(trend: dict[str, float]) -> dict[str, list[float]]:
+    """Trends grouped by model over seeds: 'austen FedNL s0, memory reset per chunk' -> 'FedNL, memory reset per chunk'."""
+    out: dict[str, list[float]] = {}
+    for k, v in trend.items():
+        out.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(v)
+    return out
+
+
 def fmt(x, nd=3):
     if isinstance(x, (list, tuple)) and len(x) == 3:
         return f"{x[0]:.{nd}f} ± {x[1]:.{nd}f} (n={x[2]})"
@@ -272,6 +295,11 @@ def markdown(res: dict) -> str:
               "| model | CE first bucket | CE last bucket | trend (last / first - 1) |", "|---|---|---|---|"]
         for k, v in c["curves"].items():
             L.append(f"| {k} | {v[0]:.3f} | {v[-1]:.3f} | {c['trend_last_vs_first'][k] * 100:+.2f}% |")
+        g = by_method(c["trend_last_vs_first"])
+        L += ["", "| model | trend over seeds (mean ± sd, n) |", "|---|---|"]
+        L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
+        if "FedNL" in g and "FedAvg+LoRA" in g:
+            L += ["", f"FedNL's CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g['FedNL'], g['FedAvg+LoRA'], True)}**."]
         L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
     for part, title in (("niah", "Needle in a haystack: accuracy (string match all, 0-1)"), ("trivia", "Trivia by domain: accuracy")):
         if part not in res:
@@ -279,6 +307,9 @@ def markdown(res: dict) -> str:
         L += [f"## {title}\n", "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
         for name, r in res[part]["methods"].items():
             L.append(f"| {name} | {fmt(r['initial'])} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |")
+        ms_ = res[part]["methods"]
+        if part == "niah" and "FedNL" in ms_ and "FedALA" in ms_:
+            L += ["", f"FedNL's NIAH mean above FedALA's: **{verdict(ms_['FedNL']['finals'], ms_['FedALA']['finals'], False)}**."]
         if part == "niah":
             L += ["", "Per template and length (final, mean ± sd over seeds):", ""]
             for name, r in res[part]["methods"].items():
