@@ -37,6 +37,7 @@ class RunConfig:
     weight_decay: float = 0.0
     eval_every: int = 1
     max_message_bytes: int = 2**30          # decode refuses anything larger (SmolLM2 in fp32: 538 MB)
+    robust: str = "mean"                    # aggregation: mean | median | trim:F (coordinate-wise) | clip:C (update norm)
     max_examples: int = 1_000_000           # the most training examples a client may claim (`_n`, its aggregation
                                             # weight, and with local_epochs the bound on its claimed steps); more is refused
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>
@@ -66,6 +67,18 @@ def parse_partition(spec: str) -> tuple[str, float | None]:
     if spec in ("iid", "domain"):
         return spec, None
     raise ConfigError(f"partition {spec!r}: use one of iid, domain, dirichlet:ALPHA (e.g. dirichlet:0.1)")
+
+
+def parse_robust(spec: str) -> tuple[str, float]:
+    """'mean' | 'median' | 'trim:F' (0 < F < 0.5) | 'clip:C' (C > 0) -> (kind, value)."""
+    kind, _, val = spec.partition(":")
+    try:
+        v = float(val) if val else 0.0
+    except ValueError:
+        v = -1.0
+    if (kind in ("mean", "median") and not val) or (kind == "trim" and 0 < v < 0.5) or (kind == "clip" and v > 0):
+        return kind, v
+    raise ConfigError(f"robust = {spec!r}: use mean, median, trim:F (0 < F < 0.5, e.g. trim:0.2) or clip:C (C > 0)")
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -142,6 +155,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.eval_every >= 1, f"eval_every = {cfg.eval_every}: must be >= 1")
     need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")
     need(1 <= cfg.max_examples <= 2**32 - 1, "max_examples must be in [1, 2**32 - 1]")
+    parse_robust(cfg.robust)
     need(0 <= cfg.seed < 2**63, f"seed = {cfg.seed}: must be in [0, 2**63)")
 
 

@@ -140,3 +140,36 @@ def weighted_mean(updates: list[tuple[Fields, float]], keys) -> State:
             acc.add_(f[k], alpha=w / total)
         out[k] = acc
     return out
+
+
+def combine(updates: list[tuple[Fields, float]], keys, rule: str = "mean", ref: State | None = None) -> State:
+    """The server's combination of client tensors, per `rule` (RunConfig.robust):
+      mean      sum_k (n_k / n) x_k                        (FedAvg)
+      median    coordinate-wise median over clients        (unweighted; the mean of the middle two for even counts)
+      trim:F    coordinate-wise mean after dropping the floor(F x clients) largest and smallest values
+      clip:C    each client's update x_k - ref scaled to L2 norm <= C (all keys together), then the mean
+    `ref` is what updates are measured from (the global state; None: zeros, e.g. ZO scalars)."""
+    from lightfed.config import parse_robust
+
+    kind, val = parse_robust(rule)
+    if kind == "mean":
+        return weighted_mean(updates, keys)
+    if kind == "clip":
+        base = {k: (ref[k].float() if ref is not None else torch.zeros_like(updates[0][0][k], dtype=torch.float32)) for k in keys}
+        clipped = []
+        for f, w in updates:
+            d = {k: f[k].float() - base[k] for k in keys}
+            norm = math.sqrt(sum(float((v.double() ** 2).sum()) for v in d.values()))
+            s = min(1.0, val / norm) if norm > 0 else 1.0
+            clipped.append(({k: base[k] + s * d[k] for k in keys}, w))
+        return weighted_mean(clipped, keys)
+    out = {}
+    for k in keys:
+        X = torch.sort(torch.stack([f[k].float() for f, _ in updates]), dim=0).values     # (clients, ...)
+        n = X.shape[0]
+        if kind == "median":
+            out[k] = X[(n - 1) // 2: n // 2 + 1].mean(0)
+        else:
+            t = int(val * n)
+            out[k] = X[t: n - t].mean(0)
+    return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightfed.methods.base import Method, weighted_mean
+from lightfed.methods.base import Method, combine
 from lightfed.optim.first_order import local_train
 from lightfed.wire import CODECS, tensor_schema
 from lightfed.config import ConfigError
@@ -46,4 +46,4 @@ class FedAvg(Method):
         return {n: p.detach() for n, p in params.items()}, stats
 
     def aggregate(self, state, updates, rnd):
-        return weighted_mean(updates, state.keys())
+        return combine(updates, state.keys(), self.cfg.robust, ref=state)

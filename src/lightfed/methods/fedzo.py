@@ -36,7 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lightfed.config import ConfigError
 from lightfed.data.tensors import size
-from lightfed.methods.base import Method, weighted_mean
+from lightfed.methods.base import Method, combine
 from lightfed.optim import zeroth_order as zo
 
 
@@ -150,4 +150,4 @@ class FedZO(Method):
 
     # 4. aggregator
     def aggregate(self, state, updates, rnd):
-        return weighted_mean(updates, state.keys())
+        return combine(updates, state.keys(), self.cfg.robust, ref=state)

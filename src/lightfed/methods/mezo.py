@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lightfed.config import ConfigError
 from lightfed.data.tensors import size
-from lightfed.methods.base import EXAMPLES, Method, Rejected, weighted_mean
+from lightfed.methods.base import EXAMPLES, Method, Rejected, combine
 from lightfed.optim import zeroth_order as zo
 from lightfed.wire import Spec, encode, tensor_schema
 
@@ -304,7 +304,7 @@ class MeZO(Method):
         if not (self.average_scalars or self.seeds_down):   # FedAvg of the replayed client models
             rebuilt = [(self._replayed(state, f, rnd), w) for f, w in updates]
             self._cache = None
-            return weighted_mean(rebuilt, self.names)
+            return combine(rebuilt, self.names, self.cfg.robust, ref=state)
         for f, _ in updates:                  # each upload validated (digest) once; the engine's validate cached it
             self._replayed(state, f, rnd)
         self._cache = None
@@ -333,9 +333,15 @@ class MeZO(Method):
 
     def mean_scalars(self, updates) -> dict:
         """Sample-weighted mean scalars, per step and direction (float64 sums, stored as float32; a
-        client with fewer steps counts 0 for the missing ones)."""
+        client with fewer steps counts 0 for the missing ones). With cfg.robust other than mean: that
+        rule per step and direction (median / trimmed mean across clients; clip: each client's scalars
+        scaled to norm <= C), on the scalars padded with 0 to the longest K."""
         total = sum(w for _, w in updates)
         K = max(f[next(iter(self.scalars()))].shape[0] for f, _ in updates)
+        if self.cfg.robust != "mean":
+            pad = [({fn: torch.cat([f[fn].float(), torch.zeros(K - f[fn].shape[0], P)]) for fn, P in self.scalars().items()}, w)
+                   for f, w in updates]
+            return combine(pad, list(self.scalars()), self.cfg.robust)
         mean = {}
         for fname, P in self.scalars().items():
             acc = torch.zeros(K, P, dtype=torch.float64)

@@ -18,6 +18,7 @@ import torch
 
 from lightfed.config import ConfigError
 from lightfed.methods import fedavg
+from lightfed.methods.base import combine
 from lightfed.wire import Spec
 
 
@@ -79,6 +80,10 @@ class PowerSGD(fedavg.FedAvg):
         return out, stats
 
     def aggregate(self, state, updates, rnd):
+        if self.cfg.robust != "mean":      # robust rules work on each client's dense update
+            dense = [({k: (f[k + ".P"] @ f[k + ".Q"].T).view(s) if k in self.mats else f[k] for k, s in self.shapes.items()}, w)
+                     for f, w in updates]
+            return {k: state[k] + v for k, v in combine(dense, list(self.shapes), self.cfg.robust).items()}
         total = sum(w for _, w in updates)
         new = {}
         for k, s in self.shapes.items():

@@ -16,7 +16,7 @@ import torch
 
 from lightfed.config import ConfigError
 from lightfed.methods import fedavg
-from lightfed.methods.base import Rejected
+from lightfed.methods.base import Rejected, combine
 from lightfed.wire import Spec
 
 
@@ -76,6 +76,9 @@ class TopK(fedavg.FedAvg):
             raise Rejected("topk: indices must be strictly increasing (no duplicates)")
 
     def aggregate(self, state, updates, rnd):
+        if self.cfg.robust != "mean":      # robust rules work on each client's dense update
+            dense = [(unflatten(torch.zeros(self.D).index_add_(0, f["idx"].long(), f["val"]), self.shapes), w) for f, w in updates]
+            return {k: state[k] + v for k, v in combine(dense, list(self.shapes), self.cfg.robust).items()}
         total = sum(w for _, w in updates)
         delta = torch.zeros(self.D)
         for f, w in updates:
