@@ -48,3 +48,27 @@ def test_cumulative_curves_count_every_clients_bytes(two_runs):
     c = curves(s, rec)
     assert c["round"] == [0, 1, 2] and c["up"][0] == 0
     assert c["up"][-1] == s["bytes"]["up_total"] and c["flops"][-1] == s["flops"]["client_total"]
+
+
+def test_the_html_page_renders_with_its_images_in_a_real_browser(two_runs, tmp_path):
+    """Headless Chromium opens report.html (file://, no network) and takes a screenshot; the plots drew:
+    the screenshot has matplotlib's line colours, which no broken image or text would show."""
+    import os
+    import shutil
+    import subprocess
+    import numpy as np
+    from matplotlib.image import imread
+    exe = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+    if exe is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium-headless-shell is missing: scripts/setup.sh installs it")
+        pytest.skip("no headless chromium here")
+    make_report([two_runs / "fedavg", two_runs / "flite"], tmp_path / "rep")
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+                    "--window-size=1400,2200", (tmp_path / "rep" / "report.html").as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    img = imread(shot)[..., :3]                                        # (H, W, 3) in [0, 1]
+    blue, orange = np.array([31, 119, 180]) / 255, np.array([255, 127, 14]) / 255   # matplotlib's C0, C1
+    near = lambda c: (np.abs(img - c).sum(-1) < 0.08).sum()           # noqa: E731
+    assert near(blue) > 200 and near(orange) > 200, (near(blue), near(orange))

@@ -118,8 +118,8 @@ def plots(runs: list[tuple[dict, list[dict]]], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for s, rec in runs:
             c = curves(s, rec)
-            xs = c[key] if key == "round" else [max(x, 1.0) for x in c[key]]
-            ax.plot(xs, c["metric"], marker="o", label=_label(s))
+            pts = [(x, y) for x, y in zip(c[key], c["metric"]) if key == "round" or x > 0]   # log axes: no round 0
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=_label(s))
         ax.set(xlabel=xlabel, ylabel=metric, xscale="log" if logx else "linear")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
