@@ -300,6 +300,13 @@ def markdown(res: dict) -> str:
         L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
         if "FedNL" in g and "FedAvg+LoRA" in g:
             L += ["", f"FedNL's CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g['FedNL'], g['FedAvg+LoRA'], True)}**."]
+        reset = "FedNL, memory reset per chunk"
+        if "FedNL" in g and reset in g:
+            v = verdict(g["FedNL"], g[reset], True)
+            L += ["", f"Does the carried memory help along the stream (FedNL's trend below the same model's with the memory "
+                      f"emptied at every chunk)? **{v}** ({np.mean(g['FedNL']) * 100:+.2f}% vs {np.mean(g[reset]) * 100:+.2f}%). "
+                      f"Training truncated each memory trajectory at a {SIZES[res['size']]['austen']['block_len']}-token block "
+                      f"({SIZES[res['size']]['austen']['block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long."]
         L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
     for part, title in (("niah", "Needle in a haystack: accuracy (string match all, 0-1)"), ("trivia", "Trivia by domain: accuracy")):
         if part not in res:
@@ -356,8 +363,14 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--name", default="fednl_claims")
     ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
+    ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.render:
+        res = json.loads((RESULTS / f"{a.name}.json").read_text())
+        write(a.name, res, markdown(res))
+        plot(res, a.name)
+        return
     if a.memory_point:
         mode, n = a.memory_point.split(":")
         print(json.dumps(memory_point(mode, int(n))))
