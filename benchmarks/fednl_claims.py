@@ -292,15 +292,28 @@ def markdown(res: dict) -> str:
     if "ce" in res:
         c = res["ce"]
         L += [f"## Cross-entropy along a {c['tokens']}-token held-out Austen stream ({c['bucket']}-token buckets)\n",
-              "| model | CE first bucket | CE last bucket | trend (last / first - 1) |", "|---|---|---|---|"]
+              "| model | CE first bucket | CE last bucket | trend (last / first - 1) | mean CE / frozen backbone's |",
+              "|---|---|---|---|---|"]
+        fz = c["curves"].get("frozen backbone")
         for k, v in c["curves"].items():
-            L.append(f"| {k} | {v[0]:.3f} | {v[-1]:.3f} | {c['trend_last_vs_first'][k] * 100:+.2f}% |")
+            rel = f"{np.mean([a / b for a, b in zip(v, fz)]):.4f}" if fz else "-"
+            L.append(f"| {k} | {v[0]:.3f} | {v[-1]:.3f} | {c['trend_last_vs_first'][k] * 100:+.2f}% | {rel} |")
+        L += ["", "The text's own difficulty varies along the stream (the frozen backbone's curve); the last column and "
+                  "the plot divide each model's CE by the frozen backbone's at the same position."]
         g = by_method(c["trend_last_vs_first"])
         L += ["", "| model | trend over seeds (mean ± sd, n) |", "|---|---|"]
         L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
         if "FedNL" in g and "FedAvg+LoRA" in g:
             L += ["", f"FedNL's CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g['FedNL'], g['FedAvg+LoRA'], True)}**."]
         reset = "FedNL, memory reset per chunk"
+        if fz and "FedNL" in g and reset in g:
+            mean_rel = {}
+            for k, v in c["curves"].items():
+                mean_rel.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(float(np.mean([a / b for a, b in zip(v, fz)])))
+            L += ["", f"Does the carried memory lower the stream's mean CE (FedNL vs the same model with its memory emptied at "
+                      f"every chunk, each relative to the frozen backbone)? **{verdict(mean_rel['FedNL'], mean_rel[reset], True)}** "
+                      f"({np.mean(mean_rel['FedNL']):.4f} vs {np.mean(mean_rel[reset]):.4f}; FedAvg+LoRA "
+                      f"{np.mean(mean_rel.get('FedAvg+LoRA', [np.nan])):.4f})."]
         if "FedNL" in g and reset in g:
             v = verdict(g["FedNL"], g[reset], True)
             L += ["", f"Does the carried memory help along the stream (FedNL's trend below the same model's with the memory "
@@ -347,9 +360,16 @@ def plot(res: dict, name: str) -> None:
             ax.set_xscale("log", base=2)
             ax.set(xlabel="input tokens", ylabel="peak RSS (MB)", title="inference memory")
         else:
-            for k, v in res["ce"]["curves"].items():
-                ax.plot(np.arange(1, len(v) + 1) * res["ce"]["bucket"], np.array(v) / v[0], "o-", label=k)
-            ax.set(xlabel="position in stream (tokens)", ylabel="CE / CE of first bucket", title="streaming cross-entropy")
+            curves, fz = res["ce"]["curves"], np.array(res["ce"]["curves"]["frozen backbone"])
+            groups: dict[str, list] = {}
+            for k, v in curves.items():
+                groups.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(np.array(v) / fz)
+            x = np.arange(1, len(fz) + 1) * res["ce"]["bucket"]
+            for k, vs in groups.items():
+                vs = np.stack(vs)
+                ax.plot(x, vs.mean(0), "o-", label=f"{k} (n={len(vs)})")
+                ax.fill_between(x, vs.min(0), vs.max(0), alpha=0.2)
+            ax.set(xlabel="position in stream (tokens)", ylabel="CE / frozen backbone's CE", title="streaming cross-entropy")
         ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=110)
