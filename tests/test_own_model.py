@@ -37,6 +37,25 @@ def test_a_local_folder_runs_through_every_kind_of_method(my_llama, tmp_path, me
     assert info["task"]["backbone"] == str(my_llama) and info["model_params"] >= 3 * 48 * 48
 
 
+@pytest.mark.parametrize("method", ["lora", "fedspzo", "fednl"])
+def test_another_architecture_qwen2_finds_its_targets_and_layers(tmp_path, method):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    try:
+        tok = backbones.smollm2_tokenizer()
+    except assets.AssetMissing as e:
+        pytest.skip(str(e))
+    d = tmp_path / "my-qwen"
+    torch.manual_seed(4)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)).save_pretrained(d)
+    tok.save_pretrained(d)
+    opts = {**{k: v for k, v in TINY["austen"].items() if k != "tiny"}, "model": str(d)}
+    cfg = config.from_dict({"task": "austen", "method": method, "clients": 2, "rounds": 1, "batch_size": 4, "local_steps": 1,
+                            "lr": 1e-3, "progress": False, "task_options": opts, "out": str(tmp_path / "run")})
+    s = local.run(cfg, log=lambda *a: None)
+    assert s["bytes"]["up_per_client_round"] > 0 and s["final"] > 0
+
+
 def test_cli_model_flag_and_hub_names_are_refused_with_the_fix(tmp_path, capsys):
     rc = cli.main(["run", "--task", "austen", "--method", "fedavg", "--model", "HuggingFaceTB/SmolLM2-360M",
                    "--rounds", "1", "--out", str(tmp_path)])

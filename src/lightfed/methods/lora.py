@@ -34,11 +34,20 @@ class Options(fedavg.Options):
             raise ConfigError(f"mu = {self.mu}: must be >= 0")
 
 
+# any other model: the first of these attention-projection name sets whose Linear layers it has
+ATTENTION_NAMES = [["q_proj", "v_proj"], ["query", "value"], ["q_lin", "v_lin"], ["qkv_proj"], ["c_attn"], ["Wqkv"]]
+
+
 def auto_targets(model: nn.Module) -> list[str]:
     for m in model.modules():
         if type(m).__name__ in AUTO_TARGETS:
             return AUTO_TARGETS[type(m).__name__]
-    raise ConfigError(f"lora: no default target layers for {type(model).__name__}; set targets=...")
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for names in ATTENTION_NAMES:
+        if all(x in linear for x in names):
+            return names
+    raise ConfigError(f"lora: found none of the attention projections {ATTENTION_NAMES} among the Linear layers of "
+                      f"{type(model).__name__}; set targets=NAME,NAME")
 
 
 def resolve_targets(model: nn.Module, spec: str) -> list[str]:

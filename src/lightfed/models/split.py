@@ -145,7 +145,8 @@ def split(model: nn.Module, task: str, n: int = 1) -> Split:
             return F.cross_entropy(model.head(pooled), b["labels"])
 
         tail = [model.head]
-    elif kind == "LlamaForCausalLM":
+    elif hasattr(getattr(model, "model", None), "layers") and hasattr(model.model, "norm") and hasattr(model, "lm_head"):
+        # a Llama-style causal LM (Llama, Qwen2, Mistral, SmolLM, ...): model.model.layers, .norm, lm_head
         layers = model.model.layers
         L = len(layers)
         _check_n(n, L, "decoder layers")
@@ -197,6 +198,7 @@ def split(model: nn.Module, task: str, n: int = 1) -> Split:
 
         tail = [model.head]
     else:
-        raise ConfigError(f"split: cannot split a {kind} (TextClassifier, LlamaForCausalLM, GNResNet)")
+        raise ConfigError(f"split: cannot split a {kind}: it needs a layer list (a TextClassifier over a BERT-style "
+                          f"encoder.layer, a causal LM with model.layers + model.norm + lm_head, or GNResNet)")
     f1_names, f2_names, shared = _partition(model, list(layers[L - n:]) + tail)
     return Split(f1, f2_loss, f1_names, f2_names, shared, L, n)
