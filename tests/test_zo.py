@@ -19,7 +19,7 @@ from lightfed.methods.base import ClientContext
 from lightfed.models import backbones
 from lightfed.models.split import split
 from lightfed.optim import zeroth_order as zo
-from lightfed.wire import Spec, decode, encode
+from lightfed.wire import decode, encode
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

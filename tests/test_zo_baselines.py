@@ -11,7 +11,7 @@ from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext, weighted_mean
 from lightfed.methods.fedzo import direction_norm, forward_difference
 from lightfed.optim import zeroth_order as zo
-from lightfed.wire import Spec, decode, encoded_size, kind_tag
+from lightfed.wire import decode, encoded_size, kind_tag
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -76,7 +76,7 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
     S = local.build(cfg)
     rnd, state, _, _ = local.load_checkpoint(run_dir)
     S.method.load(S.model, P.received(S.method, state, rnd + 1, cfg.max_message_bytes))
-    model, to_write = S.model.eval(), {}
+    model = S.model.eval()
     to.mkdir(parents=True, exist_ok=True)
     peft_family = cfg.method in ("lora", "fedala", "fedssi", "local")
     if adapter:
