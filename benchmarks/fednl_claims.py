@@ -272,7 +272,10 @@ def fmt(x, nd=3):
 
 
 def markdown(res: dict) -> str:
-    L = [f"# FedNL claims (SmolLM2-135M)\n\nCommand: `{res['meta']['command']}`  \nDate: {res['meta']['date']}; size preset "
+    parts = [p for p in ("bytes", "memory", "ce", "niah", "trivia") if p in res]
+    L = [f"# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
+         + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
+         + f"  \nLast date: {res['meta']['date']}; size preset "
          f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; seeds {res['seeds']}. Streaming setting: attention local to "
          f"{WINDOW}-token chunks, FedNL's memory carrying across.\n"]
     if "bytes" in res:
