@@ -31,14 +31,16 @@ def test_a_classifier_exports_and_predicts_the_same(tmp_path, method):
     assert T.evaluate(load_classifier(tmp_path / "hf"), T.test) == s["final"]
 
 
-def test_lora_adapters_export_in_peft_layout(tmp_path):
-    tiny_task("austen")
-    local.run(tiny_config("austen", "lora", tmp_path / "run", rounds=1), log=lambda *a: None)
+def test_lora_adapters_export_in_peft_layout_and_peft_loads_them(tmp_path):
+    import copy
+    from peft import PeftModel
+    T = tiny_task("austen")
+    s = local.run(tiny_config("austen", "lora", tmp_path / "run", rounds=1), log=lambda *a: None)
     assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "ad"), "--adapter"]) == 0
-    from safetensors.torch import load_file
-    t = load_file(tmp_path / "ad" / "adapter_model.safetensors")
     cfg = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
-    assert t and all(".lora_A." in k or ".lora_B." in k for k in t) and cfg["target_modules"] == ["q_proj", "v_proj"]
+    assert cfg["target_modules"] == ["q_proj", "v_proj"] and cfg["peft_type"] == "LORA"
+    model = PeftModel.from_pretrained(copy.deepcopy(T.model), tmp_path / "ad")     # the base model + the adapters
+    assert T.evaluate(model, T.test) == s["final"]
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path, capsys):

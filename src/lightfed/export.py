@@ -56,7 +56,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def lora_adapters(model: nn.Module, method) -> tuple[dict, dict]:
     """(adapter tensors in PEFT's file layout, adapter_config.json) of a LoRA-family model."""
     o = method.opts
-    tensors = {n.replace(".default", ""): p.detach().contiguous() for n, p in model.named_parameters() if "lora_" in n}
+    tensors = {"base_model.model." + n.replace(".default", ""): p.detach().contiguous()   # PEFT's key layout
+               for n, p in model.named_parameters() if "lora_" in n}
     cfg = {"peft_type": "LORA", "r": o.r, "lora_alpha": o.alpha, "lora_dropout": o.dropout,
            "target_modules": sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors}), "bias": "none"}
     return tensors, cfg
@@ -84,6 +85,8 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
             raise C.ConfigError(f"--adapter: {cfg.method} has no LoRA adapters; export merged weights instead")
         tensors, acfg = lora_adapters(model, S.method)
         save_file(tensors, to / "adapter_model.safetensors")
+        if isinstance(model, backbones.TextClassifier):        # its trained head is not an adapter: beside it
+            save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, to / "head.safetensors")
         (to / "adapter_config.json").write_text(json.dumps({**acfg, "base_model_name_or_path": S.task.info["backbone"]}, indent=1))
         return {"kind": "adapter", "dir": str(to), "tensors": len(tensors)}
     if latent.latent_layers(model):
