@@ -75,3 +75,11 @@ def test_cli_data_flag_and_plain_text_for_language_modelling(tmp_path, capsys):
         (docs / f"doc{i}.txt").write_text(" ".join(f"word{j % 50}" for j in range(3000)))
     t = tasks.build("austen", {"data": str(docs), "tiny": True, "block_len": 32, "train_blocks": 6, "test_blocks": 6}, 0)
     assert t.info["novels"] == ["doc0", "doc1"] and set(t.domains.tolist()) == {"doc0", "doc1"}
+
+
+def test_language_modelling_from_a_text_column_split_by_client(tmp_path):
+    rows = [(" ".join(f"w{(i * 7 + j) % 90}" for j in range(400)), "x", c) for i, c in enumerate(["north", "south"] * 4)]
+    f = write_csv(tmp_path / "lm.csv", rows)
+    t = tasks.build("austen", {"data": str(f), "client_column": "client", "tiny": True, "block_len": 32,
+                               "train_blocks": 6, "test_blocks": 6}, 0)
+    assert t.info["novels"] == ["north", "south"] and set(t.domains.tolist()) == {"north", "south"}

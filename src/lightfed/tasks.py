@@ -361,7 +361,10 @@ class AustenOptions:
     block_len: int = 128
     train_blocks: int = 1200  # sampled from the first 90% of each novel
     test_blocks: int = 120    # sampled from the last 10% of each novel
-    data: str = ""            # a folder of .txt files (one document = one domain) instead of the novels
+    data: str = ""            # instead of the novels: a folder of .txt files (one domain each), or a .csv / .jsonl /
+                              # .parquet with a `text_column` (+ `client_column`: the domains; else one domain)
+    text_column: str = "text"
+    client_column: str = ""
     window: int = 0           # 0: a block in one forward; > 0: in chunks of `window` tokens, attention local to a
                               # chunk, FedNL's memory carrying across (the streaming setting, models/streaming.py)
     data_seed: int = 0
@@ -378,7 +381,7 @@ class AustenOptions:
 def austen(o: AustenOptions, seed: int) -> Task:
     if o.data:
         from lightfed.data import user
-        books = user.read_texts(o.data)
+        books = user.read_corpus(o.data, o.text_column, o.client_column)
     else:
         books = datasets.load_austen()
     tok = backbones.smollm2_tokenizer(o.model)

@@ -49,3 +49,17 @@ def read_texts(path: str | Path) -> dict[str, str]:
     if not files:
         raise ConfigError(f"data {str(path)!r}: no .txt file there")
     return {f.stem: f.read_text(encoding="utf-8", errors="replace") for f in files}
+
+
+def read_corpus(path: str | Path, text_column: str = "text", client_column: str = "") -> dict[str, str]:
+    """Language-modelling text as {domain: text}: a folder of .txt files (one domain each), or a table whose
+    `text_column` rows are joined per value of `client_column` (one domain "data" without it)."""
+    p = Path(path).expanduser()
+    if p.is_dir() or p.suffix == ".txt":
+        return read_texts(p)
+    cols = read_table(p, [text_column], (client_column,))
+    keys = [str(v) for v in cols[client_column]] if client_column else ["data"] * len(cols[text_column])
+    out: dict[str, list[str]] = {}
+    for k, t in zip(keys, cols[text_column]):
+        out.setdefault(k, []).append(str(t))
+    return {k: "\n\n".join(v) for k, v in out.items()}
