@@ -64,3 +64,16 @@ def test_cli_model_flag_and_hub_names_are_refused_with_the_fix(tmp_path, capsys)
     (tmp_path / "empty").mkdir()
     with pytest.raises(config.ConfigError, match="config.json"):
         assets.user_model(str(tmp_path / "empty"))
+
+
+def test_a_gguf_file_is_a_model_too():
+    """--model may name a .gguf file (here: the SmolLM2 GGUF that the asset package ships), dequantised on load."""
+    try:
+        gguf = assets.smollm2_gguf()
+    except assets.AssetMissing as e:
+        pytest.skip(str(e))
+    folder, name = assets.user_model(str(gguf))
+    assert (folder, name) == (gguf.parent, gguf.name)
+    model = backbones.smollm2(False, 0, str(gguf))
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
+    assert len(backbones.smollm2_tokenizer(str(gguf))) == model.config.vocab_size
