@@ -40,10 +40,11 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
     "cpu": {"lengths": [1024, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 1024, "train_blocks": 24, "test_blocks": 6},
             "rounds": 2, "niah": {"lengths": "1024,4096", "train_per_template": 4, "test_per_cell": 2, "train_len": 1024},
-            "trivia": {"train_size": 200, "test_size": 400, "max_len": 32}, "local_steps": 4, "batch": 2},
+            "trivia": {"train_size": 1000, "test_size": 500, "max_len": 32}, "local_steps": 4, "batch": 2,
+            "trivia_run": {"rounds": 3, "eval_every": 3, "local_steps": 10, "batch_size": 4}},
     "gpu": {"lengths": [1024, 2048, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 2048, "train_blocks": 240, "test_blocks": 12},
-            "rounds": 10, "niah": {"lengths": "1024,2048,4096,8192,16384", "train_per_template": 64, "test_per_cell": 10,
+            "rounds": 10, "niah": {"lengths": "1024,2048,4096,8192,16384", "train_per_template": 64, "test_per_cell": 12,
                                    "train_len": 2048},
             "trivia": {"train_size": 2000, "test_size": 1000, "max_len": 48}, "local_steps": 20, "batch": 8},
 }
@@ -132,7 +133,7 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
     g = []
     for seed in seeds:
         for label, method, opts in methods:
-            c = base_run(size, task, task_options, clients, seed)
+            c = {**base_run(size, task, task_options, clients, seed), **size.get(f"{tag}_run", {})}
             c.update(method=method, method_options=opts, out=str(Path("runs") / "fednl_claims" / f"{tag}-{method}-{label}-s{seed}".replace(" ", "_")))
             g.append((f"{tag} {label} s{seed}", c))
     done = {}           # a finished run with the same config is reused (its checkpoint holds the final model)
