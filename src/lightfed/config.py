@@ -40,6 +40,16 @@ class RunConfig:
     robust: str = "mean"                    # aggregation: mean | median | trim:F (coordinate-wise) | clip:C (update norm)
     max_examples: int = 1_000_000           # the most training examples a client may claim (`_n`, its aggregation
                                             # weight, and with local_epochs the bound on its claimed steps); more is refused
+    # simulated faults (in-process engine; on Flower, faults are real: engine_options.round_timeout)
+    dropout: float = 0.0            # share of sampled clients that fail after the broadcast, drawn per (seed, round, client)
+    straggle: float = 0.0           # client speed spread: each sampled client's time is its work x LogNormal(0, straggle)
+    deadline: float = 0.0           # with straggle: a client slower than deadline x the round's median misses the round
+    # client-level differential privacy (privacy.py): clip each client's update to dp_clip (L2), add Gaussian noise
+    dp_clip: float = 0.0            # C; 0: off
+    dp_noise: float = 0.0           # z: noise multiplier of the round's sum (each of m clients adds std z C / sqrt(m))
+    dp_delta: float = 1e-5          # the delta that epsilon is reported at
+    dp_seeded: bool = True          # noise drawn from the run's seed (reproducible); false: from the OS, which no server
+                                    # can remove (use it on real devices)
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>
     progress: bool = True
     method_options: dict[str, Any] = field(default_factory=dict)
@@ -156,6 +166,14 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")
     need(1 <= cfg.max_examples <= 2**32 - 1, "max_examples must be in [1, 2**32 - 1]")
     parse_robust(cfg.robust)
+    need(0 <= cfg.dropout < 1, f"dropout = {cfg.dropout}: a share of clients, must be in [0, 1)")
+    need(cfg.straggle >= 0, f"straggle = {cfg.straggle}: must be >= 0")
+    need(cfg.deadline == 0 or cfg.deadline > 1, f"deadline = {cfg.deadline}: a multiple of the round's median client "
+         "time, must be > 1 (or 0: none)")
+    need(not (cfg.straggle > 0 and cfg.deadline == 0), f"straggle = {cfg.straggle} needs a deadline (> 1, e.g. 2)")
+    need(cfg.dp_clip >= 0 and cfg.dp_noise >= 0, "dp_clip and dp_noise must be >= 0")
+    need(not (cfg.dp_noise > 0 and cfg.dp_clip == 0), f"dp_noise = {cfg.dp_noise} needs dp_clip > 0 (noise is scaled to the clip)")
+    need(0 < cfg.dp_delta < 1, f"dp_delta = {cfg.dp_delta}: must be in (0, 1)")
     need(0 <= cfg.seed < 2**63, f"seed = {cfg.seed}: must be in [0, 2**63)")
 
 

@@ -94,6 +94,9 @@ class Options:
 
 
 def options(cfg: C.RunConfig) -> Options:
+    if cfg.dropout or cfg.straggle:
+        raise C.ConfigError("dropout / straggle simulate faults in the in-process engine; on Flower faults are real "
+                            "(a client that fails or misses engine_options.round_timeout is dropped)")
     return C.check_options("engine", "flower", Options, cfg.engine_options)
 
 
@@ -430,9 +433,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
                                "process_age": meas.get("process_age")}
                 rec["clients"].append(c)
                 bar.update(1)
-        rec["dropped"] = sorted(dropped, key=lambda d: d["id"])
-        for d in rec["dropped"]:
-            log(f"lightfed: round {rnd}: client {d['id']} dropped: {d['error']}")
+        rec["dropped"] = sorted(dropped, key=lambda d: d["id"])          # close_round logs them
         # client states live on the clients: the server checkpoints none
         state = local.close_round(S, state, uploads, rnd, rec, clock, history, {}, out, bar, log)
         t = clock.total
@@ -454,7 +455,6 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     summary["engine"] = engine
     summary["flower"] = {
         "dropped": sum(len(h["dropped"]) for h in rounds),
-        "dropped_by_round": {str(h["round"]): [d["id"] for d in h["dropped"]] for h in rounds if h["dropped"]},
         "envelope_up_per_client_round": mean([c["flower"]["up_envelope"] for c in cl if c["flower"]["up_envelope"] is not None]),
         "envelope_down_per_client_round": mean([c["flower"]["down_envelope"] for c in cl
                                                 if c["flower"]["down_envelope"] is not None]),

@@ -45,6 +45,24 @@ def sample_clients(cfg: C.RunConfig, rnd: int) -> list[int]:
     return sorted(rng.choice(cfg.clients, m, replace=False).tolist())
 
 
+def faults(cfg: C.RunConfig, rnd: int, sampled: list[int], shard_sizes: list[int]) -> dict[int, str]:
+    """The clients that fail this round in simulation, {client: why}, drawn from (seed, round, client) so a
+    resumed run drops the same ones. A straggler's time is its work (its examples with local_epochs, else
+    one unit: every client runs local_steps) x LogNormal(0, straggle); it misses the round when that is over
+    deadline x the sampled clients' median. A dropout fails after receiving the broadcast."""
+    why = {}
+    if cfg.straggle > 0:
+        t = {c: (1 if cfg.local_steps > 0 else shard_sizes[c]) * np.random.default_rng([cfg.seed, rnd, c, 11]).lognormal(0, cfg.straggle)
+             for c in sampled}
+        med = float(np.median(list(t.values())))
+        why.update({c: f"straggler: {t[c] / med:.2f}x the round's median time, past the deadline ({cfg.deadline:g}x)"
+                    for c in sampled if t[c] > cfg.deadline * med})
+    for c in sampled:
+        if cfg.dropout > 0 and np.random.default_rng([cfg.seed, rnd, c, 12]).random() < cfg.dropout:
+            why.setdefault(c, f"failed (simulated dropout, p = {cfg.dropout:g})")
+    return why
+
+
 @dataclass
 class Setup:
     """Everything a run needs, built (and so validated) before the first round."""
@@ -172,10 +190,15 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         clock, rec = Clock(), {"round": rnd, "clients": []}
         t_round = time.perf_counter()
         bar.set_description(f"round {rnd}/{cfg.rounds}")
-        uploads, downs = [], {}
-        for cid in sample_clients(cfg, rnd):
+        uploads, downs, sampled = [], {}, sample_clients(cfg, rnd)
+        fail = faults(cfg, rnd, sampled, [len(s) for s in S.shards])
+        for cid in sampled:
             with clock("server"):                  # one broadcast, unless the method sends per client
                 down = P.broadcast(method, state, rnd, cid, cache=downs)
+            if cid in fail:                        # it got the broadcast; its reply never comes
+                rec.setdefault("dropped", []).append({"id": cid, "down": len(down), "error": fail[cid]})
+                bar.update(1)
+                continue
             ctx = ClientContext(cid, rnd, derive_seed(cfg.seed, rnd, cid), cfg, task.loss, client_states.setdefault(cid, {}))
             data = subset(task.train, S.shards[cid])
             with clock("client"), PeakRSS() as mem:
@@ -247,6 +270,8 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
         state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
                                     min_clients=cfg.min_clients, sampled=sampled)
     rec.update(report)
+    for d in rec.get("dropped", []):
+        log(f"lightfed: round {rnd}: client {d['id']} dropped: {d['error']}")
     for r in report["rejected"]:
         log(f"lightfed: round {rnd}: refused client {r['id']}: {r['error']}")
     if "failed" in report:
@@ -285,8 +310,10 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),
-                  "up_total": sum(c["up"] for c in clients), "down_total": sum(c["down"] for c in clients),
+                  "up_total": sum(c["up"] for c in clients),
+                  "down_total": sum(c["down"] for c in clients) + sum(d["down"] for h in rounds for d in h.get("dropped", [])),
                   "rejected_messages": sum(len(h["rejected"]) for h in rounds)},
+        "dropped_by_round": {str(h["round"]): [d["id"] for d in h["dropped"]] for h in rounds if h.get("dropped")},
         "clients_per_round": _mean([h["accepted"] for h in rounds]),
         "memory": {"client_rss_peak_bytes": max((c["rss_peak"] or 0) for c in clients) if clients else None,
                    "client_rss_rise_bytes": max((c["rss_rise"] or 0) for c in clients) if clients else None,
