@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from lightfed import config as C
-from lightfed import methods, tasks
+from lightfed import methods, privacy, tasks
 from lightfed.data import partition
 from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
@@ -78,6 +78,7 @@ def check(cfg: C.RunConfig) -> None:
     """Every check that needs no data or model: a bad config fails here, before any work."""
     C.validate(cfg)
     methods.options(cfg.method, cfg.method_options)
+    privacy.check(cfg, methods.METHODS[cfg.method])
     tasks.options(cfg.task, cfg.task_options)
 
 
@@ -270,6 +271,8 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
         state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
                                     min_clients=cfg.min_clients, sampled=sampled)
     rec.update(report)
+    if cfg.dp_clip > 0:
+        rec["dp"] = privacy.epsilon(cfg, rnd)
     for d in rec.get("dropped", []):
         log(f"lightfed: round {rnd}: client {d['id']} dropped: {d['error']}")
     for r in report["rejected"]:
@@ -313,6 +316,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
                   "up_total": sum(c["up"] for c in clients),
                   "down_total": sum(c["down"] for c in clients) + sum(d["down"] for h in rounds for d in h.get("dropped", [])),
                   "rejected_messages": sum(len(h["rejected"]) for h in rounds)},
+        "dp": next((h["dp"] for h in reversed(rounds) if "dp" in h), None),
         "dropped_by_round": {str(h["round"]): [d["id"] for d in h["dropped"]] for h in rounds if h.get("dropped")},
         "clients_per_round": _mean([h["accepted"] for h in rounds]),
         "memory": {"client_rss_peak_bytes": max((c["rss_peak"] or 0) for c in clients) if clients else None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from lightfed import privacy
 from lightfed.data.tensors import Data, size
 from lightfed.methods.base import EXAMPLES, ClientContext, Method, Rejected
 from lightfed.wire import Spec, WireError, decode, encode, kind_of
@@ -51,6 +52,9 @@ def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data
     fields = decode(down, kinds.get(kind, method.down_schema()), kind=kind, max_bytes=max_bytes)
     torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
     update, stats = method.client_update(model, fields, data, ctx)
+    if ctx.cfg.dp_clip > 0 and method.dp == "delta":      # ("scalars": clipped + noised per step by the method)
+        update, dp_stats = privacy.privatize(update, fields, ctx.cfg, ctx.seed)
+        stats = {**stats, **dp_stats}
     return encode({**update, SAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
 
 

@@ -61,6 +61,8 @@ class Method:
     Options = NoOptions
     personalised = False     # True: a client's model is its own (kept in ctx.state): evaluate per client too
     federated = True         # False: the server state never moves (local-only training, a baseline)
+    dp = "delta"             # how privacy.py clips + noises its upload: "delta" (upload - received), "scalars"
+                             # (ZO, per step, in the client loop) or "" (compressed before sending: unsupported)
 
     def __init__(self, opts, cfg: RunConfig):
         self.opts, self.cfg = opts, cfg

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightfed import privacy
 from lightfed.config import ConfigError
 from lightfed.data.tensors import size
 from lightfed.methods.base import EXAMPLES, Method, Rejected, combine
@@ -80,6 +81,7 @@ class Options:
 
 class MeZO(Method):
     name = "mezo"
+    dp = "scalars"
     Options = Options
     TAG = 0x4D655A4F            # mixes the round seed, so two ZO methods never share directions
     average_scalars = False     # True (DeComFL): the new model is the replay of the mean scalars
@@ -230,12 +232,15 @@ class MeZO(Method):
         rows = {f: [] for f in self.scalars()}
         fwd_samples: dict[str, int] = {}
         loss_sum, samples, meas = 0.0, 0, None
+        dp = privacy.StepNoise(c, ctx.seed, K) if c.dp_clip > 0 else None
         try:
             with torch.no_grad():
                 for k, b in enumerate(zo.step_batches(data, c.batch_size, K, ctx.generator())):
                     if meas is None:      # every update measures its own first batch: memory depends on
                         meas = self.measure(model, b, ctx.loss)   # content (HF drops an all-ones mask), not only shape
                     row, losses, fwds = self.local_step(model, b, k, rs, ctx.loss)
+                    if dp is not None:            # clip + noise before applying: the replay sees what we applied
+                        row = dp(row)
                     for f in rows:
                         rows[f].append(row[f])
                     for kind, m in fwds.items():
@@ -252,7 +257,8 @@ class MeZO(Method):
         stats = {"steps": K, "samples": samples, "train_loss": loss_sum / K, "loss": loss_sum / K,
                  "flops": sum(flops.values()), **{f"flops_{kind}": v for kind, v in flops.items() if kind != "fwd"},
                  "forwards_per_step": fwds, "memory_accounted": self.memory(model, meas),
-                 "down_seed_only_bytes": self.seed_down_bytes(K), "down_records": records}
+                 "down_seed_only_bytes": self.seed_down_bytes(K), "down_records": records,
+                 **({"dp_clipped_steps": dp.clipped, "dp_norm": max(dp.norms)} if dp is not None else {})}
         return up, stats
 
     # --- 4. aggregator ---------------------------------------------------------------------------

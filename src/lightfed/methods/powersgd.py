@@ -35,6 +35,7 @@ class Options(fedavg.Options):
 
 class PowerSGD(fedavg.FedAvg):
     name = "powersgd"
+    dp = ""                  # compresses before sending: DP would need the clip first
     Options = Options
 
     def prepare(self, model):

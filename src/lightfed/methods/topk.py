@@ -46,6 +46,7 @@ def unflatten(vec: torch.Tensor, shapes: dict) -> dict:
 
 class TopK(fedavg.FedAvg):
     name = "topk"
+    dp = ""                  # compresses before sending: DP would need the clip first
     Options = Options
 
     def prepare(self, model):
