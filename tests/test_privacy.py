@@ -64,7 +64,7 @@ def test_a_dp_run_reports_epsilon_every_round_and_is_reproducible(tmp_path, meth
     kw = dict(rounds=2, clients=4, fraction=0.5, dp_clip=0.5, dp_noise=1.0)
     a = local.run(tiny_config("sentiment", method, tmp_path / "a", **kw), log=lambda *x: None)
     b = local.run(tiny_config("sentiment", method, tmp_path / "b", **kw), log=lambda *x: None)
-    plain = local.run(tiny_config("sentiment", method, tmp_path / "p", rounds=2), log=lambda *x: None)
+    local.run(tiny_config("sentiment", method, tmp_path / "p", rounds=2), log=lambda *x: None)
     recs = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][1:]
     eps = [r["dp"]["epsilon"] for r in recs]
     assert eps[0] < eps[1] and a["dp"]["epsilon"] == eps[1] == privacy.gaussian_epsilon(1.0, 0.5, 2, 1e-5)
