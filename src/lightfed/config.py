@@ -48,6 +48,8 @@ class RunConfig:
     dp_clip: float = 0.0            # C; 0: off
     dp_noise: float = 0.0           # z: noise multiplier of the round's sum (each of m clients adds std z C / sqrt(m))
     dp_delta: float = 1e-5          # the delta that epsilon is reported at
+    secagg: bool = False            # secure aggregation (secagg.py): the server sees only masked updates and their sum
+    secagg_threshold: int = 0       # t of its t-of-m secret sharing; 0: ceil(2m/3)
     dp_seeded: bool = True          # noise drawn from the run's seed (reproducible); false: from the OS, which no server
                                     # can remove (use it on real devices)
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>
@@ -173,6 +175,7 @@ def validate(cfg: RunConfig) -> None:
     need(not (cfg.straggle > 0 and cfg.deadline == 0), f"straggle = {cfg.straggle} needs a deadline (> 1, e.g. 2)")
     need(cfg.dp_clip >= 0 and cfg.dp_noise >= 0, "dp_clip and dp_noise must be >= 0")
     need(not (cfg.dp_noise > 0 and cfg.dp_clip == 0), f"dp_noise = {cfg.dp_noise} needs dp_clip > 0 (noise is scaled to the clip)")
+    need(cfg.secagg_threshold >= 0, "secagg_threshold must be >= 0 (0: ceil(2m/3))")
     need(0 < cfg.dp_delta < 1, f"dp_delta = {cfg.dp_delta}: must be in (0, 1)")
     need(0 <= cfg.seed < 2**63, f"seed = {cfg.seed}: must be in [0, 2**63)")
 

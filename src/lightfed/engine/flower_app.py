@@ -94,6 +94,9 @@ class Options:
 
 
 def options(cfg: C.RunConfig) -> Options:
+    if cfg.secagg:
+        raise C.ConfigError("secagg runs in the in-process engine for now (Flower's SecAgg+ workflow carries "
+                            "ArrayRecords, not lightfed's messages)")
     if cfg.dropout or cfg.straggle:
         raise C.ConfigError("dropout / straggle simulate faults in the in-process engine; on Flower faults are real "
                             "(a client that fails or misses engine_options.round_timeout is dropped)")

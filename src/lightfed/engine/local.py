@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from lightfed import config as C
-from lightfed import methods, privacy, tasks
+from lightfed import methods, privacy, secagg, tasks
 from lightfed.data import partition
 from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
@@ -79,6 +79,7 @@ def check(cfg: C.RunConfig) -> None:
     C.validate(cfg)
     methods.options(cfg.method, cfg.method_options)
     privacy.check(cfg, methods.METHODS[cfg.method])
+    secagg.check(cfg, methods.METHODS[cfg.method])
     tasks.options(cfg.task, cfg.task_options)
 
 
@@ -193,6 +194,9 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         bar.set_description(f"round {rnd}/{cfg.rounds}")
         uploads, downs, sampled = [], {}, sample_clients(cfg, rnd)
         fail = faults(cfg, rnd, sampled, [len(s) for s in S.shards])
+        if cfg.secagg:                             # keys and shares go round before anyone trains
+            with clock("secagg"):
+                sec = secagg.Round(sampled, cfg.secagg_threshold)
         for cid in sampled:
             with clock("server"):                  # one broadcast, unless the method sends per client
                 down = P.broadcast(method, state, rnd, cid, cache=downs)
@@ -204,15 +208,19 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
             data = subset(task.train, S.shards[cid])
             with clock("client"), PeakRSS() as mem:
                 up, stats = P.client_round(method, model, down, data, ctx, cfg.max_message_bytes)
+            if cfg.secagg:                         # the masked input replaces the plain upload
+                with clock("secagg"):
+                    up = sec.mask(cid, up, method, P.up_schema(method))
             if tamper is not None:
                 up = tamper(rnd, cid, up)
             uploads.append((cid, up))
             rec["clients"].append({"id": cid, "up": len(up), "down": len(down), "rss_peak": mem.peak,
                                    "rss_rise": mem.rise, **stats})
             bar.update(1)
-        state = close_round(S, state, uploads, rnd, rec, clock, history, client_states, out, bar, log)
+        state = close_round(S, state, uploads, rnd, rec, clock, history, client_states, out, bar, log,
+                            sec if cfg.secagg else None)
         rec["time"] = {**clock.total, "round": time.perf_counter() - t_round}
-        rec["time"]["engine"] = rec["time"]["round"] - sum(clock.total.get(k, 0) for k in ("client", "server", "eval"))
+        rec["time"]["engine"] = rec["time"]["round"] - sum(clock.total.get(k, 0) for k in ("client", "server", "eval", "secagg"))
         append_line(out / "metrics.jsonl", rec)          # the complete record, checkpoint time included
         if stop_after is not None and rnd >= stop_after and rnd < cfg.rounds:
             bar.close()
@@ -262,14 +270,22 @@ def evaluate_clients(S: Setup, state, client_states: dict) -> dict:
 
 
 def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, history: list, client_states: dict,
-                out: Path, bar, log):
+                out: Path, bar, log, sec: secagg.Round | None = None):
     """The server's end of a round, the same in every engine: aggregate (refusing bad uploads), log,
     evaluate, append the record to the history and checkpoint. Returns the new state."""
     cfg, task, method, model = S.cfg, S.task, S.method, S.model
     with clock("server"):
         sampled = [c["id"] for c in rec["clients"]] + [d["id"] for d in rec.get("dropped", [])]
-        state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
-                                    min_clients=cfg.min_clients, sampled=sampled)
+        if sec is None:
+            state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
+                                        min_clients=cfg.min_clients, sampled=sampled)
+        else:                                 # only the survivors' sum; the protocol's bytes join each client's
+            state, report = sec.aggregate(method, state, rnd, sampled)
+            for c in rec["clients"] + rec.get("dropped", []):
+                o = sec.overhead(c["id"])
+                c["secagg"] = o
+                c["down"] += o["down"]
+                c["up"] = c.get("up", 0) + o["up"]     # a dropped client sent its keys and shares
     rec.update(report)
     if cfg.dp_clip > 0:
         rec["dp"] = privacy.epsilon(cfg, rnd)
@@ -313,7 +329,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),
-                  "up_total": sum(c["up"] for c in clients),
+                  "up_total": sum(c["up"] for c in clients) + sum(d.get("up", 0) for h in rounds for d in h.get("dropped", [])),
                   "down_total": sum(c["down"] for c in clients) + sum(d["down"] for h in rounds for d in h.get("dropped", [])),
                   "rejected_messages": sum(len(h["rejected"]) for h in rounds)},
         "dp": next((h["dp"] for h in reversed(rounds) if "dp" in h), None),

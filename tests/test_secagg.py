@@ -1,0 +1,113 @@
+"""Secure aggregation: what the server sees, the exact sum with and without dropped clients, the
+threshold, and runs through the engine that equal plain FedAvg / FLITE up to the fixed point."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from lightfed import config as C
+from lightfed import secagg
+from lightfed.engine import flower_app, local
+from lightfed.wire import decode
+
+
+def _protocol(xs: dict[int, np.ndarray], drop_after_shares=(), threshold=0):
+    U = sorted(xs)
+    server = secagg.Server(U, threshold)
+    clients = {i: secagg.Client(i) for i in U}
+    roster = server.roster({i: c.keys() for i, c in clients.items()})
+    inbox = server.route({i: c.shares(roster, U, server.t) for i, c in clients.items()})
+    for i, c in clients.items():
+        c.receive(inbox[i])
+    masked = {i: clients[i].masked(xs[i]) for i in U if i not in drop_after_shares}
+    dim = len(next(iter(xs.values())))
+    total = server.unmask(masked, dim, lambda i, req: clients[i].unmask(req))
+    return total, masked, server
+
+
+def test_the_server_sees_masked_vectors_and_recovers_the_exact_sum():
+    rng = np.random.default_rng(0)
+    xs = {i: rng.integers(0, 2**40, 256, dtype=np.uint64) for i in range(5)}
+    total, masked, _ = _protocol(xs)
+    assert np.array_equal(total, sum(xs.values()))                       # exact, mod 2^64
+    for i, m in masked.items():                                          # each masked vector looks uniform
+        y = decode(m, {"y": secagg.Spec("tensor", (256,), "i64")}, kind="secagg/masked", max_bytes=2**20)["y"].numpy().view(np.uint64)
+        assert not np.any(y == xs[i]) and y.max() > 2**62               # x_i < 2^40; masks fill 64 bits
+
+
+def test_dropped_clients_are_recovered_and_too_many_fail():
+    xs = {i: np.full(16, i + 1, dtype=np.uint64) for i in range(6)}
+    total, _, server = _protocol(xs, drop_after_shares=(1, 4))
+    assert server.t == 4 and np.array_equal(total, sum(xs[i] for i in (0, 2, 3, 5)))
+    total, _, _ = _protocol(xs, drop_after_shares=(0, 1, 2))              # 3 survivors < t = 4
+    assert total is None
+
+
+def test_shamir_rebuilds_from_any_t_shares_only():
+    s = bytes(range(32))
+    sh = secagg.split(s, 3, 5)
+    assert secagg.combine({1: sh[0], 3: sh[2], 5: sh[4]}) == s
+    assert secagg.combine({1: sh[0], 2: sh[1]}) != s
+
+
+def test_a_client_refuses_an_unmask_request_naming_an_outsider():
+    xs = {i: np.zeros(4, dtype=np.uint64) for i in range(3)}
+    U = [0, 1, 2]
+    server, clients = secagg.Server(U), {i: secagg.Client(i) for i in U}
+    roster = server.roster({i: c.keys() for i, c in clients.items()})
+    inbox = server.route({i: c.shares(roster, U, server.t) for i, c in clients.items()})
+    for i, c in clients.items():
+        c.receive(inbox[i])
+        c.masked(xs[i])
+    from lightfed.wire import encode
+    req = encode({"dropped": np.array([7], dtype="<u4").tobytes()}, {"dropped": secagg.Spec("bytes", max_len=12)}, kind="secagg/unmask")
+    with pytest.raises(ValueError, match="outside the round"):
+        clients[0].unmask(req)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "flite"])
+def test_a_secagg_run_equals_the_plain_run_and_counts_the_protocol_bytes(tmp_path, method):
+    kw = dict(rounds=2, clients=4, fraction=1.0)
+    plain = local.run(tiny_config("sentiment", method, tmp_path / "p", **kw), log=lambda *a: None)
+    sec = local.run(tiny_config("sentiment", method, tmp_path / "s", secagg=True, **kw), log=lambda *a: None)
+    sp, ss = local.load_checkpoint(tmp_path / "p")[1], local.load_checkpoint(tmp_path / "s")[1]
+    err = max((sp[k].float() - ss[k].float()).abs().max().item() for k in sp)
+    assert err < 1e-5, err                                           # the fixed point's 2^-24
+    recs = [json.loads(l) for l in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()][1:]
+    for r in recs:
+        assert r["accepted"] == 4 and r["secagg"]["survivors"] == [0, 1, 2, 3]
+        for c in r["clients"]:
+            assert c["secagg"]["up"] > 64 and c["secagg"]["down"] > 0
+    assert sec["bytes"]["up_total"] > plain["bytes"]["up_total"]
+    assert abs(sec["final"] - plain["final"]) < 1e-3
+
+
+def test_secagg_with_dropouts_aggregates_the_survivors(tmp_path):
+    s = local.run(tiny_config("sentiment", "fedavg", tmp_path, rounds=3, clients=8, fraction=1.0, dropout=0.25,
+                              secagg=True), log=lambda *a: None)
+    recs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    assert any(r.get("dropped") for r in recs)
+    for r in recs:
+        gone = {d["id"] for d in r.get("dropped", [])}
+        if len(gone) <= 8 - 6:                                      # t = ceil(16 / 3) = 6
+            assert r["accepted"] == 8 - len(gone) and set(r["secagg"]["survivors"]).isdisjoint(gone)
+        assert all(d["up"] > 0 for d in r.get("dropped", []))        # their keys and shares were sent
+    assert s["bytes"]["rejected_messages"] == 0
+
+
+@pytest.mark.parametrize("kw, words", [({"method": "mezo"}, "needs each client's upload"),
+                                       ({"robust": "median"}, "robust aggregation needs each update")])
+def test_secagg_refuses_what_it_cannot_cover(kw, words):
+    with pytest.raises(C.ConfigError, match=words):
+        local.check(tiny_config("sentiment", **{"method": "fedavg", **kw}, secagg=True))
+    with pytest.raises(C.ConfigError, match="in-process engine"):
+        flower_app.options(tiny_config("sentiment", "fedavg", secagg=True))
+
+
+def test_the_masked_input_hides_the_update():
+    x = secagg.to_fixed({"w": torch.ones(8)}, ["w"], 3)
+    assert x[-1] == 3 and np.all(x[:-1].view(np.int64) == 3 * 2**secagg.FRAC)
+    mean, n = secagg.from_fixed(x + x, ["w"], {"w": (8,)})
+    assert n == 6 and torch.equal(mean["w"], torch.ones(8))
