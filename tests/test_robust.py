@@ -87,3 +87,22 @@ def test_median_and_trim_resist_one_hostile_client_where_the_mean_does_not(name,
         move = sum(float((honest[k] - state[k]).norm() ** 2) for k in keys) ** 0.5
         dist[rule] = sum(float((attacked[k] - honest[k]).norm() ** 2) for k in keys) ** 0.5 / move
     assert dist["mean"] > 10 and dist["median"] < 2 and dist["trim:0.2"] < 2, dist
+
+
+def test_a_client_round_that_fails_leaves_the_client_state_as_it_was():
+    T = tiny_task("sentiment")
+    cfg = tiny_config("sentiment", "fedavg")
+    m = methods.build(cfg)
+    model = m.prepare(copy.deepcopy(T.model))
+    down = P.broadcast(m, m.init_state(model), 1)
+    ctx = ClientContext(0, 1, 5, cfg, T.loss, {"kept": torch.ones(2)})
+
+    def half_done(model, down, data, ctx):      # commits some state, then fails (e.g. a non-finite upload)
+        ctx.state["kept"] = torch.zeros(2)
+        ctx.state["new"] = torch.ones(1)
+        raise RuntimeError("failed mid-round")
+
+    m.client_update = half_done
+    with pytest.raises(RuntimeError, match="mid-round"):
+        P.client_round(m, model, down, subset(T.train, range(8)), ctx, cfg.max_message_bytes)
+    assert list(ctx.state) == ["kept"] and torch.equal(ctx.state["kept"], torch.ones(2))

@@ -51,11 +51,17 @@ def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data
     kind = kind_of(down, kinds) or f"{method.name}/down"          # none of them: decode says why
     fields = decode(down, kinds.get(kind, method.down_schema()), kind=kind, max_bytes=max_bytes)
     torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
-    update, stats = method.client_update(model, fields, data, ctx)
-    if ctx.cfg.dp_clip > 0 and method.dp == "delta":      # ("scalars": clipped + noised per step by the method)
-        update, dp_stats = privacy.privatize(update, fields, ctx.cfg, ctx.seed)
-        stats = {**stats, **dp_stats}
-    return encode({**update, SAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
+    kept = dict(ctx.state)        # the client's state changes only with an upload that went out
+    try:
+        update, stats = method.client_update(model, fields, data, ctx)
+        if ctx.cfg.dp_clip > 0 and method.dp == "delta":      # ("scalars": clipped + noised per step by the method)
+            update, dp_stats = privacy.privatize(update, fields, ctx.cfg, ctx.seed)
+            stats = {**stats, **dp_stats}
+        return encode({**update, SAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
+    except BaseException:
+        ctx.state.clear()
+        ctx.state.update(kept)
+        raise
 
 
 def aggregate(method: Method, state, uploads: list[tuple[int, bytes]], rnd: int, *, max_bytes: int,

@@ -74,7 +74,7 @@ class TopK(fedavg.FedAvg):
     def validate(self, state, fields, rnd):
         idx = fields["idx"]
         if self.k > 1 and not bool((idx[1:] > idx[:-1]).all()):
-            raise Rejected("topk: indices must be strictly increasing (no duplicates)")
+            raise Rejected("field 'idx': indices must be strictly increasing (no duplicates)")
 
     def aggregate(self, state, updates, rnd):
         if self.cfg.robust != "mean":      # robust rules work on each client's dense update
