@@ -1,4 +1,5 @@
 """FLITE: the latent-delta parameterization's invariants, and the method's wire and head."""
+import json
 import contextlib
 import copy
 import io
@@ -224,3 +225,14 @@ def test_quantised_flite_is_evaluated_as_the_clients_receive_it(tmp_path):
     S.method.load(S.model, state)
     assert S.task.evaluate(S.model, S.task.test) != s["final"]
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["perplexity"] == s["final"]
+
+
+def test_setup_and_summary_report_the_latent_and_the_one_time_cost(tmp_path):
+    from conftest import tiny_config
+    from lightfed.engine import local
+    s = local.run(tiny_config("sentiment", "flite", tmp_path, rounds=1), log=lambda *a: None)
+    setup = json.loads((tmp_path / "setup.json").read_text())["method"]
+    assert setup == s["method_info"]
+    assert setup["latent"] == s["trainable_params"] and 0 < setup["live"] <= setup["latent"]
+    assert setup["factor_bytes"] > 0 and setup["one_time"]["factor_seed_bytes"] == 8
+    assert setup["one_time"]["pretrained_bytes_held_by_every_party"] >= 4 * (s["model_params"] - setup["latent"])

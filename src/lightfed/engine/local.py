@@ -95,7 +95,7 @@ def build(cfg: C.RunConfig) -> Setup:
     with seeded(derive_seed(cfg.seed, 0)):      # e.g. PEFT draws LoRA's A from the global RNG
         model = method.prepare(task.model)
     n_train = sum(p.numel() for p in method.trainable(model).values())
-    info = {"task": task.info, "trainable_params": n_train, "model_params": sum(p.numel() for p in model.parameters()),
+    info = {"task": task.info, "trainable_params": n_train, "method": getattr(method, "info", None), "model_params": sum(p.numel() for p in model.parameters()),
             "clients": [{"id": k, "examples": len(s)} for k, s in enumerate(shards)],
             "label_histograms": partition.histograms(shards, task.labels)}
     return Setup(cfg, task, method, model, shards, info)
@@ -327,6 +327,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
         "per_domain": evals[-1].get("per_domain"), "cells": evals[-1].get("cells"),
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
+        "method_info": S.info.get("method"),
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),
                   "up_total": sum(c["up"] for c in clients) + sum(d.get("up", 0) for h in rounds for d in h.get("dropped", [])),

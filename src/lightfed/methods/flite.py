@@ -84,6 +84,7 @@ def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
     """FLITE's parameterization on `model` (in place): the latent map on its layers (everything frozen but
     z) and the head policy `o.head`. -> (factor seed, latent.info). Shared with methods/zoflite.py."""
     seed = o.seed if o.seed >= 0 else seeds.derive(run_seed, 0xF117E)     # the factor seed (8 B, sent once)
+    pre = sum(p.numel() * p.element_size() for p in model.parameters())   # what every party must already hold
     latent.install(model, r=o.r, layers=o.layers, seed=seed, mode=o.mode, form=o.form, k=o.k)  # freezes all
     head = getattr(model, "head", None)
     if isinstance(head, nn.Linear):
@@ -96,7 +97,8 @@ def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
             if o.head != "trainable" and head.bias is not None:
                 head.bias.zero_()
         head.requires_grad_(o.head == "trainable")
-    return seed, latent.info(model)
+    return seed, {**latent.info(model), "one_time": {"pretrained_bytes_held_by_every_party": pre, "factor_seed_bytes": 8},
+                  "head": o.head}
 
 
 class FLITE(fedavg.FedAvg):
