@@ -46,7 +46,7 @@ def mutants(msg: bytes, n: int, rng: random.Random):
     """n malformed variants of a valid message (some may still be well-formed)."""
     for k in range(n):
         if k % 10 == 9:                         # garbage, half of it with the right magic and a valid CRC
-            g = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 2 * len(msg) + 16)))
+            g = rng.randbytes(rng.randrange(0, min(2 * len(msg), 1 << 16) + 16))
             yield recrc(msg[:3] + g[3:]) if k % 20 == 19 and len(g) > 3 else g
             continue
         b = bytearray(msg[:-4])
@@ -57,7 +57,7 @@ def mutants(msg: bytes, n: int, rng: random.Random):
             elif op == 1:
                 del b[i:]
             elif op == 2:
-                b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+                b[i:i] = rng.randbytes(rng.randint(1, 8))
             else:
                 del b[i: i + rng.randint(1, 8)]
         yield recrc(bytes(b)) if k % 2 else bytes(b) + msg[-4:]
@@ -67,9 +67,11 @@ def names_a_field(err: str) -> bool:
     return "field '" in err or any(s in err for s in ("<field ", "<header>", "<crc>", "<trailer>", "_n:", "digest", "steps"))
 
 
-def _same(a: dict, b: dict) -> bool:
+def _mark(d: dict) -> dict:
+    """What an in-place change or a replaced entry would alter: each value's identity and, for a tensor,
+    its version counter (torch bumps it on every in-place write)."""
     import torch
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
+    return {k: (id(v), v._version if torch.is_tensor(v) else repr(v)) for k, v in d.items()}
 
 
 def part_fuzz(n: int) -> dict:
@@ -110,9 +112,9 @@ def part_fuzz(n: int) -> dict:
                 c["mutants"] += 1
                 try:
                     if kind == "up":
-                        snap = {k: v.clone() if torch.is_tensor(v) else v for k, v in state1.items()}
+                        snap = _mark(state1)
                         new, rep = P.aggregate(m, state1, [(1, bad)], 2, max_bytes=cfg.max_message_bytes, sampled=[1])
-                        if not _same(snap, state1):
+                        if snap != _mark(state1):
                             c["state_changed"] += 1
                         if rep["rejected"]:
                             c["refused"] += 1
@@ -122,7 +124,7 @@ def part_fuzz(n: int) -> dict:
                         else:
                             c["well_formed"] += 1
                     else:
-                        snap = {k: v.clone() for k, v in ctx.state.items()}
+                        snap, kept = _mark(ctx.state), dict(ctx.state)
                         try:
                             P.client_round(m, model, bad, subset(T.train, range(4)), ClientContext(0, 2, 6, cfg, T.loss, ctx.state),
                                            cfg.max_message_bytes)
@@ -130,19 +132,20 @@ def part_fuzz(n: int) -> dict:
                         except (WireError, Rejected) as e:
                             c["refused"] += 1
                             c["named"] += names_a_field(str(e))
-                            if not _same(snap, ctx.state):
+                            if snap != _mark(ctx.state):
                                 c["state_changed"] += 1
                             if len(c["examples"]) < 3:
                                 c["examples"].append(str(e)[:120])
                         ctx.state.clear()
-                        ctx.state.update(snap)
+                        ctx.state.update({k: v.clone() for k, v in kept.items()})
                 except Exception as e:  # noqa: BLE001  (what the benchmark counts)
                     c["crashes"] += 1
                     c["examples"].append(f"CRASH {e!r}"[:200])
             c["bytes"], c["seconds"] = len(msg), time.perf_counter() - t
             out[f"{name}/{kind}"] = c
             print(f"[fuzz] {name}/{kind}: {c['mutants']} mutants, {c['refused']} refused ({c['named']} naming the field), "
-                  f"{c['well_formed']} well-formed, {c['crashes']} crashes, {c['state_changed']} state changes",
+                  f"{c['well_formed']} well-formed, {c['crashes']} crashes, {c['state_changed']} state changes, "
+                  f"{c['bytes']} B, {c['seconds']:.1f} s",
                   file=sys.stderr, flush=True)
     out.update(fuzz_secagg(n, rng))
     return {"per_kind": n, "kinds": out}
