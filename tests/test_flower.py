@@ -151,6 +151,22 @@ def test_a_client_that_crashes_is_dropped_and_the_run_finishes(tmp_path):
     assert all("round 1" in d for d in diffs) and "final global state differs" not in diffs
 
 
+def test_an_interrupted_flower_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """top-k keeps its error-feedback residual on the client: after the server stops at round 1 and resumes,
+    the clients continue from the state they kept in client_state_dir, and the run equals the local engine's."""
+    tiny_task("fmnist")
+    kw = dict(rounds=3, clients=2, fraction=1.0)
+    with torch_threads(1):
+        local.run(tiny_config("fmnist", "topk", tmp_path / "local", **kw), log=quiet)
+        part = F.run_simulation(tiny_config("fmnist", "topk", tmp_path / "flower", **kw), log=quiet, stop_after=1)
+        assert part["interrupted_after"] == 1 and not (tmp_path / "flower" / "summary.json").exists()
+        assert sorted(p.name for p in (tmp_path / "flower" / "client_state").iterdir()) == \
+            ["client-0-r000001.safetensors", "client-1-r000001.safetensors"]
+        assert main(["run", "--engine", "flower-sim", "--resume", str(tmp_path / "flower")]) == 0
+    assert F.compare(tmp_path / "flower", tmp_path / "local") == []
+    assert [r["round"] for r in records(tmp_path / "flower")] == [0, 1, 2, 3]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(methods.METHODS))
 def test_every_method_on_flower_sim_equals_the_local_engine(tmp_path, method):

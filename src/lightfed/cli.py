@@ -100,9 +100,13 @@ def cmd_run(a) -> int:
     from lightfed.engine import local
 
     if a.resume:
-        if a.engine != "local":
-            raise C.ConfigError("--resume works with the local engine only")
-        s = local.run(resume=a.resume)
+        if a.engine == "flower-sim":
+            from lightfed.engine import flower_app
+            if not (Path(a.resume) / "config.json").is_file():
+                raise C.ConfigError(f"--resume {a.resume!r}: no config.json there")
+            s = flower_app.run_simulation(C.load_json(Path(a.resume) / "config.json"), resume=True)
+        else:
+            s = local.run(resume=a.resume)
         print(table([s]))
         return 0
     cfgs = build_configs(a)

@@ -52,6 +52,8 @@ class RunConfig:
     secagg_threshold: int = 0       # t of its t-of-m secret sharing; 0: ceil(2m/3)
     dp_seeded: bool = True          # noise drawn from the run's seed (reproducible); false: from the OS, which no server
                                     # can remove (use it on real devices)
+    init: str = ""                  # start from a finished run's model (a results folder whose state holds the
+                                    # model's own tensors, e.g. a `probe` run: LP-then-FT); its cost is reported
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>
     progress: bool = True
     method_options: dict[str, Any] = field(default_factory=dict)

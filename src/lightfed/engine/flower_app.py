@@ -60,6 +60,7 @@ OUT_KEY = "lightfed-out"               # run config: results folder of the Serve
 REC = "lightfed"                       # the ConfigRecord holding lightfed's bytes ("down" / "up"), and nothing else
 META = "lightfed-meta"                 # round, client id, config digest (apart: the broadcast record is then the
                                        # same object for every client, which Flower stores and ships once)
+RESUME_KEY = "lightfed-resume"         # run config: true = continue the run in lightfed-out from its checkpoint
 STATE_REC = "lightfed-client-state"    # Context.state record holding a client's ClientContext.state
 FAULTS_ENV = "LIGHTFED_FLOWER_FAULTS"  # e.g. "raise@1:2,sleep@2:0:30,exit@1:3" (kind@round:client[:seconds])
 SAFE_ENV = {                           # see docs/flower.md: offline, loopback only, nothing pulled at run time
@@ -83,6 +84,9 @@ class Options:
     round_timeout: float = 0.0    # seconds to wait for a round's replies (0 = until every node answered or went away)
     node_wait: float = 120.0      # seconds the ServerApp waits for all cfg.clients SuperNodes to connect
     envelope: bool = True         # measure Flower's envelope bytes (serializes each Message once more)
+    client_state_dir: str = ""    # a folder on each node where its clients keep their private state, one file per
+                                  # (client, round): it outlives the run, so a resumed run continues with it. Empty:
+                                  # Flower's Context (lost when the run ends; simulation sets <out>/client_state)
 
     def check(self):
         if not self.client_cpus > 0 or self.client_gpus < 0 or self.sim_cpus < 0:
@@ -232,7 +236,17 @@ def _setup(cfg: C.RunConfig, opts: Options):
     return _SETUP[key]
 
 
-def _load_client_state(context: Context, cid: int) -> dict:
+def _state_files(d: str, cid: int) -> dict[int, Path]:
+    return {int(p.stem.rsplit("-r", 1)[1]): p for p in Path(d).glob(f"client-{cid}-r*.safetensors")}
+
+
+def _load_client_state(context: Context, cid: int, rnd: int = 0, opts: Options | None = None) -> dict:
+    """The client's state after its last participation before round `rnd` (a resumed round sees exactly
+    what it saw the first time, even if the client had gone further before the server's crash)."""
+    if opts is not None and opts.client_state_dir:
+        from safetensors.torch import load_file
+        before = [r for r in _state_files(opts.client_state_dir, cid) if r < rnd]
+        return dict(load_file(_state_files(opts.client_state_dir, cid)[max(before)])) if before else {}
     rec = context.state.get(STATE_REC) if STATE_REC in context.state else None
     if rec is None or int(rec["cid"]) != cid:
         return {}
@@ -240,7 +254,20 @@ def _load_client_state(context: Context, cid: int) -> dict:
     return dict(load(rec["tensors"]))
 
 
-def _save_client_state(context: Context, cid: int, state: dict) -> None:
+def _save_client_state(context: Context, cid: int, state: dict, rnd: int = 0, opts: Options | None = None) -> None:
+    if opts is not None and opts.client_state_dir:      # write, fsync, rename; keep the last two rounds
+        from safetensors.torch import save_file
+        from lightfed.engine.local import fsync
+        d = Path(opts.client_state_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".client-{cid}-r{rnd:06d}.tmp"
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+        fsync(tmp)
+        tmp.rename(d / f"client-{cid}-r{rnd:06d}.safetensors")
+        fsync(d)
+        for r, p in sorted(_state_files(d, cid).items())[:-2]:
+            p.unlink()
+        return
     if not state and STATE_REC not in context.state:
         return
     from safetensors.torch import save
@@ -284,7 +311,8 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
     t_build = time.perf_counter()
     S = _setup(cfg, options(cfg))
     build_s = time.perf_counter() - t_build             # 0 when this process built it before (simulation actors)
-    state = _load_client_state(context, cid)
+    opts = options(cfg)
+    state = _load_client_state(context, cid, rnd, opts)
     ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
     data = subset(S.task.train, S.shards[cid])
     t = time.perf_counter()
@@ -292,7 +320,7 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
         up, stats = P.client_round(S.method, S.model, down, data, ctx, cfg.max_message_bytes)
     seconds = time.perf_counter() - t
     _inject(faults, rnd, cid)
-    _save_client_state(context, cid, ctx.state)
+    _save_client_state(context, cid, ctx.state, rnd, opts)
     content = pack_stats(stats)
     content[REC] = ConfigRecord({"up": up})
     content[META] = ConfigRecord({"round": rnd, "cid": cid})
@@ -338,7 +366,8 @@ def discover(grid: Grid, cfg: C.RunConfig, opts: Options, known: dict, log) -> d
         time.sleep(0.5)
 
 
-def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=print) -> dict:
+def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=print, resume: bool = False,
+          stop_after: int | None = None) -> dict:
     """The whole run on the server side: local.run's loop with Flower carrying the bytes.
     threads: torch threads for the server's work (OpenMP counts are per thread: the Simulation Engine runs
     the ServerApp in a new thread, which would otherwise get the default count, and so other float sums)."""
@@ -362,11 +391,14 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     out.mkdir(parents=True, exist_ok=True)
     C.save(cfg, out / "config.json")
     (out / "setup.json").write_text(json.dumps({**S.info, "engine": engine}, indent=1))
-    state = method.init_state(model)
-    method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
-    history = [{"round": 0, **local.evaluate(task, model)}]
-    with open(out / "metrics.jsonl", "w") as f:
-        f.write(json.dumps(history[0]) + "\n")
+    if resume:                                  # the server's state from its checkpoint; clients keep theirs
+        start, state, _, history = local.load_checkpoint(out)
+        log(f"lightfed: {engine}: resuming {out} after round {start}")
+    else:
+        start, state = 0, method.init_state(model)
+        method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
+        history = [{"round": 0, **local.evaluate(task, model)}]
+    local.rewrite_metrics(out, history, start, resume)
 
     known: dict[int, int | None] = {}
     t = time.perf_counter()
@@ -376,8 +408,8 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     by_node = {n: c for c, n in nodes.items()}
     key = digest(cfg)
     per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
-    bar = tqdm(total=cfg.rounds * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
-    for rnd in range(1, cfg.rounds + 1):
+    bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
+    for rnd in range(start + 1, cfg.rounds + 1):
         clock, rec = Clock(), {"round": rnd, "clients": []}
         t_round = time.perf_counter()
         bar.set_description(f"round {rnd}/{cfg.rounds} ({engine})")
@@ -449,6 +481,9 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
         if not cfg.progress:
             log(f"lightfed: {engine}: round {rnd}: {len(uploads)} replies, {len(rec['dropped'])} dropped, "
                 f"{rec['time']['round']:.2f} s (waited {t.get('wait', 0):.2f} s)")
+        if stop_after is not None and rnd >= stop_after and rnd < cfg.rounds:
+            bar.close()
+            return {"interrupted_after": rnd, "out": str(out)}
     bar.close()
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     summary = local.summarize(cfg, S, records, time.perf_counter() - t_start)
@@ -471,7 +506,8 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
 
 # --- the apps ----------------------------------------------------------------------------------
 def make_apps(cfg: C.RunConfig | None = None, *, faults=None, engine: str = "flower-deployment",
-              result: dict | None = None, server_threads: int = 0, log=print) -> tuple[ServerApp, ClientApp]:
+              result: dict | None = None, server_threads: int = 0, log=print, resume: bool = False,
+              stop_after: int | None = None) -> tuple[ServerApp, ClientApp]:
     """cfg=None: read the config from the run config (deployment); else use this one (simulation)."""
     server_app, client_app = ServerApp(), ClientApp()
     fixed_faults = tuple(faults) if faults is not None else None
@@ -481,9 +517,12 @@ def make_apps(cfg: C.RunConfig | None = None, *, faults=None, engine: str = "flo
         c = cfg if cfg is not None else config_from_run_config(context.run_config)
         if cfg is None and str(context.run_config.get(OUT_KEY, "") or ""):
             c.out = str(context.run_config[OUT_KEY])
-        summary = serve(grid, c, engine=engine, threads=server_threads, log=log)
+        again = resume or bool(context.run_config.get(RESUME_KEY, False))
+        summary = serve(grid, c, engine=engine, threads=server_threads, log=log, resume=again, stop_after=stop_after)
         if result is not None:
             result["summary"] = summary
+        if "interrupted_after" in summary:
+            return
         log(f"lightfed: {engine}: {c.task}/{c.method} final {summary['metric']} = {summary['final']:.4g}; "
             f"results in {summary['out']}")
 
@@ -556,7 +595,7 @@ def _stop_leftovers(marker: str, wait: float = 15.0) -> None:
             _, left = psutil.wait_procs(left, timeout=5)
 
 
-def run_simulation(cfg: C.RunConfig, *, faults=(), log=print) -> dict:
+def run_simulation(cfg: C.RunConfig, *, faults=(), log=print, resume: bool = False, stop_after: int | None = None) -> dict:
     """One run on Flower's Simulation Engine: cfg.clients virtual SuperNodes on Ray, all on loopback.
     Returns the summary (also in <out>/summary.json), like local.run."""
     import logging
@@ -567,9 +606,14 @@ def run_simulation(cfg: C.RunConfig, *, faults=(), log=print) -> dict:
     local.check(cfg)
     opts = options(cfg)
     cfg.out = cfg.out or f"runs/{cfg.task}-{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if resume and not (Path(cfg.out) / "ckpt" / "latest.json").is_file():
+        raise C.ConfigError(f"--resume {cfg.out!r}: no ckpt/latest.json there")
+    if not opts.client_state_dir:              # the virtual nodes keep their clients' state beside the results
+        cfg.engine_options = {**cfg.engine_options, "client_state_dir": str(Path(cfg.out).resolve() / "client_state")}
     result: dict = {}
     server_app, client_app = make_apps(cfg, faults=faults, engine="flower-sim", result=result, log=log,
-                                       server_threads=opts.server_threads or torch.get_num_threads())
+                                       server_threads=opts.server_threads or torch.get_num_threads(),
+                                       resume=resume, stop_after=stop_after)
     with flower_environment():
         from flwr.simulation import run_simulation as flwr_run_simulation
         flwr_run_simulation(

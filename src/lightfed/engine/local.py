@@ -79,8 +79,30 @@ def check(cfg: C.RunConfig) -> None:
     C.validate(cfg)
     methods.options(cfg.method, cfg.method_options)
     privacy.check(cfg, methods.METHODS[cfg.method])
+    if cfg.init and not (Path(cfg.init) / "summary.json").is_file():
+        raise C.ConfigError(f"init = {cfg.init!r}: no finished run there (summary.json)")
     secagg.check(cfg, methods.METHODS[cfg.method])
     tasks.options(cfg.task, cfg.task_options)
+
+
+def start_from(model: torch.nn.Module, run: str) -> dict:
+    """Load a finished run's final state into the (unprepared) model: its keys must be the model's own
+    parameter names (a probe's head, a full FedAvg). -> what it cost (its bytes and client FLOPs)."""
+    out = Path(run)
+    if not (out / "summary.json").is_file():
+        raise C.ConfigError(f"init = {run!r}: no finished run there (summary.json)")
+    _, state, _, _ = load_checkpoint(out)
+    params = dict(model.named_parameters())
+    bad = [k for k in state if k not in params or tuple(params[k].shape) != tuple(state[k].shape)]
+    if bad:
+        raise C.ConfigError(f"init = {run!r}: its state holds {bad[:3]}, not tensors of this model "
+                            "(init takes a run that trains the model's own tensors, e.g. probe or fedavg)")
+    with torch.no_grad():
+        for k, v in state.items():
+            params[k].copy_(v)
+    s = json.loads((out / "summary.json").read_text())
+    return {"from": str(out), "method": s["method"], "tensors": sorted(state), "up_total": s["bytes"]["up_total"],
+            "down_total": s["bytes"]["down_total"], "client_flops": s["flops"]["client_total"], "metric": s["final"]}
 
 
 def build(cfg: C.RunConfig) -> Setup:
@@ -92,10 +114,11 @@ def build(cfg: C.RunConfig) -> Setup:
     except ValueError as e:
         raise C.ConfigError(f"partition {cfg.partition!r} on task {cfg.task!r}: {e}") from None
     method = methods.build(cfg)
+    init = start_from(task.model, cfg.init) if cfg.init else None
     with seeded(derive_seed(cfg.seed, 0)):      # e.g. PEFT draws LoRA's A from the global RNG
         model = method.prepare(task.model)
     n_train = sum(p.numel() for p in method.trainable(model).values())
-    info = {"task": task.info, "trainable_params": n_train, "method": getattr(method, "info", None), "model_params": sum(p.numel() for p in model.parameters()),
+    info = {"task": task.info, "trainable_params": n_train, "method": getattr(method, "info", None), "init": init, "model_params": sum(p.numel() for p in model.parameters()),
             "clients": [{"id": k, "examples": len(s)} for k, s in enumerate(shards)],
             "label_histograms": partition.histograms(shards, task.labels)}
     return Setup(cfg, task, method, model, shards, info)
@@ -141,6 +164,15 @@ def append_line(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
+def rewrite_metrics(out: Path, history: list, start: int, resume: bool) -> None:
+    """metrics.jsonl = what the checkpoint covers: the lines written before (complete records), else the
+    checkpoint's own records (a kill between the checkpoint and its line)."""
+    lines = (out / "metrics.jsonl").read_text().splitlines() if resume and (out / "metrics.jsonl").exists() else []
+    with open(out / "metrics.jsonl", "w") as f:
+        have = {json.loads(l)["round"]: l for l in lines}
+        f.writelines(have.get(h["round"], json.dumps(h)) + "\n" for h in history if h["round"] <= start)
+
+
 def load_checkpoint(out: Path):
     ck = out / "ckpt"
     meta = json.loads((ck / "latest.json").read_text())
@@ -181,10 +213,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         start, state, client_states = 0, method.init_state(model), {}
         method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
         history = [{"round": 0, **evaluate(task, model)}]
-    lines = (out / "metrics.jsonl").read_text().splitlines() if resume is not None else []
-    with open(out / "metrics.jsonl", "w") as f:      # what the checkpoint covers: its lines, or its history's records
-        have = {json.loads(l)["round"]: l for l in lines}
-        f.writelines(have.get(h["round"], json.dumps(h)) + "\n" for h in history if h["round"] <= start)
+    rewrite_metrics(out, history, start, resume is not None)
 
     per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
     bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
@@ -327,7 +356,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
         "per_domain": evals[-1].get("per_domain"), "cells": evals[-1].get("cells"),
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
-        "method_info": S.info.get("method"),
+        "method_info": S.info.get("method"), "init": S.info.get("init"),
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),
                   "up_total": sum(c["up"] for c in clients) + sum(d.get("up", 0) for h in rounds for d in h.get("dropped", [])),

@@ -14,11 +14,12 @@ from lightfed.methods.flite import FLITE
 from lightfed.methods.lora import LoRA
 from lightfed.methods.mezo import MeZO
 from lightfed.methods.powersgd import PowerSGD
+from lightfed.methods.probe import Probe
 from lightfed.methods.topk import TopK
 from lightfed.methods.vera import VeRA
 from lightfed.methods.zoflite import ZOFLITE
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL, FedALA, FedSSI, LocalOnly, ZOFLITE)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL, FedALA, FedSSI, LocalOnly, ZOFLITE, Probe)}
 
 
 def options(name: str, given: dict):

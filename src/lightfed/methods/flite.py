@@ -13,7 +13,8 @@ The map is affine, so the server's mean of latents is exactly FedAvg of the gene
 
 Head (a model's nn.Linear `head`): "orthogonal" = seeds.orthogonal from the factor seed, bias 0, frozen,
 not sent (the paper); "random" = N(0, 1/in) from the factor seed, frozen; "trainable" = the task's
-head, trained and sent (fields head.weight, head.bias).
+head, trained and sent (fields head.weight, head.bias); "keep" = the model's head as it is, frozen (a
+probed head from `init`: LP-then-FT).
 Wire: field "z" (+ head fields), `codec` both ways. `stochastic`: int8/int4 values are rounded
 stochastically before the wire sees them (client: its own generator; server: a generator seeded
 by (factor seed, round)); the values then lie on the wire's grid, whose round-to-nearest keeps
@@ -40,7 +41,7 @@ from lightfed.methods import fedavg
 from lightfed.models import latent
 from lightfed.wire import dequantize, quantize
 
-HEADS = ("orthogonal", "random", "trainable")
+HEADS = ("orthogonal", "random", "trainable", "keep")
 
 
 @dataclass
@@ -52,7 +53,8 @@ class LatentOptions:
     k: int = 0                      # flat form: latents per layer (0 = r; only min(k, r) are live)
     mode: str = "cache"             # cache (factors in memory) | regen (drawn again each forward)
     seed: int = -1                  # 64-bit factor seed; -1 = derived from the run seed
-    head: str = "orthogonal"        # orthogonal | random | trainable
+    head: str = "orthogonal"        # orthogonal | random | trainable | keep (the model's own head, frozen: e.g. a
+                                    # probe's, with init = <probe run>)
 
     def check_latent(self):
         if self.r < 1 or self.k < 0:
@@ -94,7 +96,7 @@ def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
                 head.weight.copy_(seeds.orthogonal(head.weight.shape, hs))
             elif o.head == "random":
                 head.weight.copy_(seeds.normal(head.weight.shape, hs) * head.in_features ** -0.5)
-            if o.head != "trainable" and head.bias is not None:
+            if o.head in ("orthogonal", "random") and head.bias is not None:
                 head.bias.zero_()
         head.requires_grad_(o.head == "trainable")
     return seed, {**latent.info(model), "one_time": {"pretrained_bytes_held_by_every_party": pre, "factor_seed_bytes": 8},
