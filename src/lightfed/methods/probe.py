@@ -20,7 +20,7 @@ import torch.nn as nn
 from lightfed.config import ConfigError
 from lightfed.data.tensors import batches, size
 from lightfed.methods.base import Method
-from lightfed.wire import Spec, tensor_schema
+from lightfed.wire import Spec
 
 
 class Probe(Method):
