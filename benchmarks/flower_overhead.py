@@ -80,6 +80,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-deployment", action="store_true")
+    ap.add_argument("--deployments", default="process,worker",
+                    help="process: Flower's one client-app process per message; worker: engine_options.node_worker")
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
     a = ap.parse_args(argv)
     if a.report_only:
@@ -101,10 +103,12 @@ def main(argv=None):
         outs[key] = out
         print(f"[bench] {key}: {results[-1]['seconds_per_round']:.2f} s/round", file=sys.stderr, flush=True)
 
-    if not a.skip_deployment:
-        work = base / "deployment"
+    for variant in ([] if a.skip_deployment else a.deployments.split(",")):
+        work = base / ("deployment" if variant == "process" else "deployment-worker")
         cfg = config(a.quick, "")
         cfg.pop("out")
+        if variant == "worker":               # one long-lived worker per SuperNode holds torch and the model
+            cfg["engine_options"] = {**cfg["engine_options"], "node_worker": True, "worker_idle": 60.0}
         work.mkdir(parents=True, exist_ok=True)
         toml = work / "lightfed.toml"
         toml.write_text(_toml(cfg))
@@ -117,9 +121,10 @@ def main(argv=None):
         out = work / "results" / cfg["method"]
         if p.returncode != 0 or not (out / "summary.json").is_file():
             raise SystemExit(f"deployment failed (see {work}/script.log and {work}/logs/)")
-        results.append(digest("Flower deployment (loopback, 10 SuperNodes)", out, wall))
-        outs["flower-deployment"] = out
-        print(f"[bench] deployment: {results[-1]['seconds_per_round']:.2f} s/round", file=sys.stderr, flush=True)
+        label = "Flower deployment (loopback, 10 SuperNodes" + (", node workers)" if variant == "worker" else ")")
+        results.append(digest(label, out, wall))
+        outs["flower-deployment" + ("-worker" if variant == "worker" else "")] = out
+        print(f"[bench] deployment {variant}: {results[-1]['seconds_per_round']:.2f} s/round", file=sys.stderr, flush=True)
 
     same = {k: F.compare(v, outs["local"]) for k, v in outs.items() if k != "local"}
     loc = results[0]
@@ -164,7 +169,8 @@ def report(d: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     keys = {"local (in-process)": "local"}
     for r in d["runs"]:
-        k = "flower-sim" if "simulation" in r["engine"] else "flower-deployment" if "deployment" in r["engine"] else "local"
+        k = "flower-sim" if "simulation" in r["engine"] else "local" if "deployment" not in r["engine"] else \
+            "flower-deployment-worker" if "worker" in r["engine"] else "flower-deployment"
         ident = "—" if k == "local" else ("yes" if d["identical_to_local"].get(k) else "NO")
         env = "–" if "envelope_up" not in r else f"{f(r['envelope_up'], 0)} / {f(r['envelope_down'], 0)}"
         lines.append(f"| {r['engine']} | {f(r['seconds_per_round'])} | {f(r['first_round_s'])} | {f(r['later_rounds_s'])} "
@@ -184,7 +190,13 @@ def report(d: dict) -> str:
         if "client_process_age_s" not in r:
             continue
         p, age, build, comp = r["per_round"], r["client_process_age_s"], r["client_build_s"], r["client_compute_s"]
-        if "deployment" in r["engine"]:
+        if "worker" in r["engine"]:
+            lines.append(
+                f"- **Deployment with node workers**: the server waits {f(p['wait'], 1)} s per round. Each reply comes "
+                f"from the node's worker, {f(age, 0)} s old (started by the node's first message, then kept): it "
+                f"built task + model {f(build, 2)} s per reply on average (once per node), trained {f(comp, 2)} s; the "
+                f"client-app process per message imports flwr and lightfed's config only, not torch.")
+        elif "deployment" in r["engine"]:
             lines.append(
                 f"- **Deployment**: the server waits {f(p['wait'], 1)} s per round for replies. Each reply comes from a "
                 f"fresh `flwr-clientapp` process (one per message), {f(age, 1)} s old when it replies: "

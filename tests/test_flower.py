@@ -223,3 +223,39 @@ def test_seed_only_downlink_on_flower_sim_equals_the_local_engine(tmp_path):
     downs = [c["down"] for r in records(tmp_path / "flower")[1:] for c in r["clients"]]
     assert all(r["accepted"] == 2 for r in records(tmp_path / "flower")[1:])
     assert min(downs) < 200 < 10**5 < max(downs)      # some clients got records, first-timers the weights
+
+
+def test_a_node_worker_keeps_the_model_and_gives_the_same_bytes(tmp_path, monkeypatch):
+    """Two rounds through the per-node worker: the second builds nothing, and the upload and the client's
+    state equal what the in-process handler makes."""
+    from safetensors.torch import load, save
+    from lightfed.engine import node_worker as W
+    import tempfile
+    short = tempfile.mkdtemp(prefix="lfw", dir="/tmp")           # Unix socket paths must stay short
+    monkeypatch.setattr(tempfile, "tempdir", short)
+    tiny_task("fmnist")
+    cfg = tiny_config("fmnist", "topk", clients=2, fraction=1.0)
+    S = local.build(cfg)
+    down = __import__("lightfed.engine.protocol", fromlist=["P"]).broadcast(S.method, S.method.init_state(S.model), 1)
+    path = W.socket_path(F.digest(cfg), 0)
+    try:
+        state = b""
+        for rnd in (1, 2):
+            h, (state, up) = W.call(path, {"config": cfg.to_dict(), "round": rnd, "cid": 0}, [state, down],
+                                    max_bytes=2**30, idle=60)
+            if rnd == 1:
+                first_up, first_state = up, state
+        assert h["measure"]["build_seconds"] < 0.05 and h["measure"]["process_age"] > 0
+        with torch_threads(1):
+            up1, st1, _, _ = F.train_core(cfg, 1, 0, down, {})
+        assert up1 == first_up and load(first_state).keys() == st1.keys()
+        assert all(torch.equal(load(first_state)[k], st1[k]) for k in st1)
+    finally:
+        with contextlib.suppress(Exception):
+            import signal
+            pid = int(open(str(path) + ".log").read().split("lightfed node worker ")[1].split()[0])
+            os.kill(pid, signal.SIGTERM)
+        __import__("shutil").rmtree(short, ignore_errors=True)
+    r = subprocess.run([sys.executable, "-c", "import sys, lightfed.engine.flower_app, lightfed.engine.node_worker; "
+                        "print('torch' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False", "the client app must not import torch"

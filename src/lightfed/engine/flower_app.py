@@ -84,6 +84,9 @@ class Options:
     round_timeout: float = 0.0    # seconds to wait for a round's replies (0 = until every node answered or went away)
     node_wait: float = 120.0      # seconds the ServerApp waits for all cfg.clients SuperNodes to connect
     envelope: bool = True         # measure Flower's envelope bytes (serializes each Message once more)
+    node_worker: bool = False     # deployment: keep torch and the built model alive in one worker process per node
+                                  # (engine/node_worker.py) instead of building them for every message
+    worker_idle: float = 600.0    # seconds a node worker waits for the next message before it exits
     client_state_dir: str = ""    # a folder on each node where its clients keep their private state, one file per
                                   # (client, round): it outlives the run, so a resumed run continues with it. Empty:
                                   # Flower's Context (lost when the run ends; simulation sets <out>/client_state)
@@ -254,10 +257,35 @@ def _load_client_state(context: Context, cid: int, rnd: int = 0, opts: Options |
     return dict(load(rec["tensors"]))
 
 
+def _client_state_blob(context: Context, cid: int, rnd: int, opts: Options) -> bytes:
+    """The client's state as safetensors bytes, without torch (for the node worker)."""
+    if opts.client_state_dir:
+        before = [r for r in _state_files(opts.client_state_dir, cid) if r < rnd]
+        return _state_files(opts.client_state_dir, cid)[max(before)].read_bytes() if before else b""
+    rec = context.state.get(STATE_REC) if STATE_REC in context.state else None
+    return rec["tensors"] if rec is not None and int(rec["cid"]) == cid else b""
+
+
+def _store_client_state_blob(context: Context, cid: int, blob: bytes, rnd: int, opts: Options) -> None:
+    if opts.client_state_dir:
+        from lightfed.engine.files import fsync
+        d = Path(opts.client_state_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".client-{cid}-r{rnd:06d}.tmp"
+        tmp.write_bytes(blob)
+        fsync(tmp)
+        tmp.rename(d / f"client-{cid}-r{rnd:06d}.safetensors")
+        fsync(d)
+        for r, p in sorted(_state_files(d, cid).items())[:-2]:
+            p.unlink()
+    elif blob or STATE_REC in context.state:
+        context.state[STATE_REC] = ConfigRecord({"cid": cid, "tensors": blob})
+
+
 def _save_client_state(context: Context, cid: int, state: dict, rnd: int = 0, opts: Options | None = None) -> None:
     if opts is not None and opts.client_state_dir:      # write, fsync, rename; keep the last two rounds
         from safetensors.torch import save_file
-        from lightfed.engine.local import fsync
+        from lightfed.engine.files import fsync
         d = Path(opts.client_state_dir)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".client-{cid}-r{rnd:06d}.tmp"
@@ -293,13 +321,29 @@ def client_query(msg: Message, context: Context) -> Message:
                                                   else _partition_id(context), "pid": os.getpid()})}), reply_to=msg)
 
 
-def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults) -> Message:
+def train_core(cfg: C.RunConfig, rnd: int, cid: int, down: bytes, state: dict) -> tuple[bytes, dict, dict, dict]:
+    """One client round where the model lives (this process, or the node worker). -> (up, state, stats, measure)"""
     from lightfed.data.tensors import subset
     from lightfed.engine import local
     from lightfed.engine import protocol as P
     from lightfed.measure import PeakRSS
     from lightfed.methods.base import ClientContext
 
+    t_build = time.perf_counter()
+    S = _setup(cfg, options(cfg))
+    build_s = time.perf_counter() - t_build             # 0 when this process built it before (actors, node workers)
+    ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
+    data = subset(S.task.train, S.shards[cid])
+    t = time.perf_counter()
+    with PeakRSS() as mem:
+        up, stats = P.client_round(S.method, S.model, down, data, ctx, cfg.max_message_bytes)
+    measure = {"seconds": time.perf_counter() - t, "build_seconds": build_s,
+               **{k: v for k, v in (("rss_peak", mem.peak), ("rss_rise", mem.rise), ("process_age", _process_age()))
+                  if v is not None}}
+    return up, ctx.state, stats, measure
+
+
+def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults) -> Message:
     cfg = cfg if cfg is not None else config_from_run_config(context.run_config)
     meta, down = msg.content[META], msg.content[REC]["down"]
     rnd, cid = int(meta["round"]), int(meta["cid"])
@@ -308,25 +352,23 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
     pid = _partition_id(context)
     if pid is not None and pid != cid:
         raise RuntimeError(f"message for client {cid} reached the node of partition-id {pid}")
-    t_build = time.perf_counter()
-    S = _setup(cfg, options(cfg))
-    build_s = time.perf_counter() - t_build             # 0 when this process built it before (simulation actors)
     opts = options(cfg)
-    state = _load_client_state(context, cid, rnd, opts)
-    ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
-    data = subset(S.task.train, S.shards[cid])
-    t = time.perf_counter()
-    with PeakRSS() as mem:
-        up, stats = P.client_round(S.method, S.model, down, data, ctx, cfg.max_message_bytes)
-    seconds = time.perf_counter() - t
-    _inject(faults, rnd, cid)
-    _save_client_state(context, cid, ctx.state, rnd, opts)
+    if opts.node_worker:       # the model lives in the node's worker; this process imports no torch
+        from lightfed.engine import node_worker as W
+        state_blob = _client_state_blob(context, cid, rnd, opts)
+        h, (state_blob, up) = W.call(W.socket_path(digest(cfg), pid), {"config": cfg.to_dict(), "round": rnd, "cid": cid},
+                                     [state_blob, down], max_bytes=2 * cfg.max_message_bytes + (1 << 30), idle=opts.worker_idle)
+        stats, measure = h["stats"], h["measure"]
+        _inject(faults, rnd, cid)
+        _store_client_state_blob(context, cid, state_blob, rnd, opts)
+    else:
+        up, state, stats, measure = train_core(cfg, rnd, cid, down, _load_client_state(context, cid, rnd, opts))
+        _inject(faults, rnd, cid)
+        _save_client_state(context, cid, state, rnd, opts)
     content = pack_stats(stats)
     content[REC] = ConfigRecord({"up": up})
     content[META] = ConfigRecord({"round": rnd, "cid": cid})
-    content["measure"] = MetricRecord({"seconds": seconds, "build_seconds": build_s, **{
-        k: v for k, v in (("rss_peak", mem.peak), ("rss_rise", mem.rise), ("process_age", _process_age()))
-        if v is not None}})
+    content["measure"] = MetricRecord(measure)
     return Message(content, reply_to=msg)
 
 

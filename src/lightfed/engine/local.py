@@ -30,6 +30,7 @@ from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
 from lightfed.seeds import derive
 from lightfed.engine import protocol as P
+from lightfed.engine.files import fsync
 from lightfed.methods.base import ClientContext
 from lightfed.models.backbones import seeded
 
@@ -125,14 +126,6 @@ def build(cfg: C.RunConfig) -> Setup:
 
 
 # --- checkpoints: <out>/ckpt/round-NNNN/{state,clients}.safetensors, then latest.json (atomic) ---
-def fsync(path: Path) -> None:
-    """Flush a file's (or a folder's entries') data to the disk: durable across a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def save_checkpoint(out: Path, rnd: int, state: dict, client_states: dict, history: list) -> None:
     """Write the round's files, fsync them and their folder, then atomically replace latest.json (written,
