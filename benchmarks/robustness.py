@@ -1,7 +1,7 @@
 """Hardening, measured (issue #12): malformed messages, secure aggregation's cost, DP, dropouts.
 
     python benchmarks/robustness.py --parts fuzz,secagg            # minutes
-    python benchmarks/robustness.py --parts dp,dropout             # real MiniLM runs (CPU: about an hour)
+    python benchmarks/robustness.py --parts dp,dropout,hostile     # real MiniLM runs (CPU: hours; GPU-sized)
     python benchmarks/robustness.py --render                        # markdown + plots again from the JSON
 
 Parts:
@@ -17,6 +17,9 @@ Parts:
 - dp: final accuracy vs epsilon for FedAvg+LoRA and FLITE on sentiment (MiniLM), 3 seeds each.
 - dropout: accuracy by round with 0% and 30% of clients failing per round plus stragglers past a 2x
   deadline, FedAvg+LoRA and FLITE on sentiment.
+- hostile: 0, 1 or 2 of 10 clients hostile (a x10 sign flip or a x1000 update; the zeroth-order client applies
+  its forged scalars itself, so its digest is valid: a forged replay), FedAvg, FLITE and FedSPZO, with the plain
+  mean and with the coordinate-wise median.
 """
 from __future__ import annotations
 
@@ -275,7 +278,7 @@ def markdown(res: dict) -> str:
                      f"{r['protocol_up_bytes']:,} | {r['protocol_down_bytes']:,} | {r['setup_s']:.3f} | {r['mask_s_per_client']:.3f} | "
                      f"{r['unmask_s']:.3f} | {r['max_abs_error_vs_plain_mean']:.1e} |")
         L.append("")
-    for part in ("dp", "dropout"):
+    for part in ("dp", "dropout", "hostile"):
         if part in res:
             L += [res[part]["markdown"], ""]
     return "\n".join(L)
@@ -297,15 +300,148 @@ def main():
             t = time.time()
             res[p] = {"fuzz": lambda: part_fuzz(a.per_kind), "secagg": part_secagg,
                       "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers),
-                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers)}[p]()
+                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers),
+                      "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers)}[p]()
             res[p]["seconds"] = time.time() - t
             write("robustness", res, markdown(res))
     write("robustness", res, markdown(res))
     print(RESULTS / "robustness.md")
 
 
+# --- runs on the real task: DP, dropouts, hostile clients ------------------------------------------
+TASK = {"train_size": 1000, "test_size": 500, "max_len": 32}          # sentiment, real MiniLM; 500 test: 0.2 pp each
+BASE = {"task": "sentiment", "clients": 10, "fraction": 1.0, "rounds": 8, "batch_size": 16, "local_steps": 10,
+        "progress": False, "task_options": TASK}
+METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-3), "FedAvg": ("fedavg", {}, 3e-5),
+           "FedSPZO": ("fedspzo", {}, 1e-3)}
+DP_NOISE = [0.0, 0.3, 1.0, 3.0]                 # z; 0.0 with the clip = clipping only; plus a run without DP
+DP_CLIP = {"FedAvg+LoRA": 0.5, "FLITE": 0.5}    # C: about the median update norm of a round without DP (dp_norm)
+ATTACKS = ["sign-flip x10", "large-norm x1000"]
+
+
+def runs_grid(kind: str, seeds) -> list[tuple[str, dict]]:
+    g = []
+    for seed in seeds:
+        def run(label, method, extra):
+            m, opts, lr = METHODS[method]
+            c = {**BASE, "method": m, "method_options": opts, "lr": lr, "seed": seed, **extra}
+            c["out"] = str(Path("runs") / "robustness" / (f"{kind}-{label}-s{seed}".replace(" ", "_").replace("/", "_")))
+            g.append((f"{kind}|{label}|s{seed}", c))
+        if kind == "dp":
+            for method in DP_CLIP:
+                run(f"{method}|no DP", method, {})
+                for z in DP_NOISE:
+                    run(f"{method}|z={z:g}", method, {"dp_clip": DP_CLIP[method], "dp_noise": z})
+        elif kind == "dropout":
+            for method in ("FedAvg+LoRA", "FLITE"):
+                run(f"{method}|no faults", method, {})
+                run(f"{method}|30% dropout + stragglers", method, {"dropout": 0.3, "straggle": 1.0, "deadline": 2.0})
+        elif kind == "hostile":
+            for method in ("FedAvg", "FLITE", "FedSPZO"):
+                for robust in ("mean", "median"):
+                    run(f"{method}|0 hostile|{robust}", method, {"robust": robust})
+                    for attack in ATTACKS:
+                        for h in (1, 2):
+                            run(f"{method}|{h} hostile|{attack}|{robust}", method, {"robust": robust,
+                                "engine_options": {"hostile": h, "attack": attack}})
+    return g
+
+
+def _hostile_one(args):
+    """A run with clients 0..h-1 hostile (hostile runs only): dense / latent methods send
+    received + s * (update - received); zeroth-order ones apply s * their scalars themselves, so the
+    digest they send is valid (a forged replay the server cannot tell from an honest one)."""
+    label, c = args
+    import torch
+    torch.set_num_threads(1)
+    from lightfed import config as C, methods
+    from lightfed.engine import local
+    from lightfed.optim import zeroth_order as zo
+    eo = dict(c.get("engine_options", {}))
+    h, attack = eo.pop("hostile", 0), eo.pop("attack", "")
+    cfg = C.from_dict({**c, "engine_options": eo})
+    s = -10.0 if attack.startswith("sign") else 1000.0
+    cls = methods.METHODS[cfg.method]
+    if h and hasattr(cls, "local_step"):
+        orig_step = cls.local_step
+
+        def step(self, model, batch, k, rs, loss, _o=orig_step):
+            row, losses, f = _o(self, model, batch, k, rs, loss)
+            if self._cid < h:
+                row = {key: [zo.f32(x * s) for x in v] for key, v in row.items()}   # on the wire's grid
+            return row, losses, f
+        orig_update = cls.client_update
+
+        def update(self, model, down, data, ctx, _o=orig_update):
+            self._cid = ctx.cid
+            return _o(self, model, down, data, ctx)
+        cls.local_step, cls.client_update = step, update
+    elif h:
+        orig_update = cls.client_update
+
+        def update(self, model, down, data, ctx, _o=orig_update):
+            up, st = _o(self, model, down, data, ctx)
+            if ctx.cid < h:
+                up = {k: down[k] + s * (v - down[k]) if k in down and torch.is_tensor(v) else v for k, v in up.items()}
+            return up, st
+        cls.client_update = update
+    try:
+        out = local.run(cfg, log=lambda *a: None)
+        out["label"] = label
+        print(f"[bench] done {label}: {out['initial']:.4f} -> {out['final']:.4f}", file=sys.stderr, flush=True)
+        return out
+    except Exception as e:  # noqa: BLE001
+        return {"label": label, "error": repr(e), "config": c}
+
+
 def part_runs(kind: str, seeds, workers) -> dict:
-    raise SystemExit(f"--parts {kind}: not built yet")
+    import multiprocessing as mp
+    g = runs_grid(kind, seeds)
+    done, todo = {}, []
+    for label, c in g:                   # a finished run with the same config is reused
+        f = Path(c["out"]) / "summary.json"
+        if f.exists() and kind != "hostile":
+            s = json.loads(f.read_text())
+            if {k: s["config"].get(k) for k in c if k != "engine_options"} == {k: v for k, v in c.items() if k != "engine_options"}:
+                done[label] = {**s, "label": label}
+                continue
+        todo.append((label, c))
+    if kind == "hostile":
+        with mp.get_context("spawn").Pool(workers) as pool:
+            ran = dict(zip([l for l, _ in todo], pool.map(_hostile_one, todo, chunksize=1)))
+    else:
+        ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
+    sums = [done.get(l) or ran[l] for l, _ in g]
+    rows = {}
+    for (label, c), s in zip(g, sums):
+        key = label.rsplit("|", 1)[0].split("|", 1)[1]
+        r = rows.setdefault(key, {"finals": [], "initial": [], "errors": [], "eps": [], "history": [], "dropped": []})
+        if "error" in s:
+            r["errors"].append(s["error"])
+            continue
+        r["finals"].append(s["final"])
+        r["initial"].append(s["initial"])
+        r["history"].append(s["history"])
+        if s.get("dp"):
+            r["eps"].append(s["dp"].get("epsilon"))
+        r["dropped"].append(sum(len(v) for v in (s.get("dropped_by_round") or {}).values()))
+    for r in rows.values():
+        f = np.array(r["finals"]) if r["finals"] else np.array([np.nan])
+        r["mean"], r["std"], r["n"] = float(f.mean()), float(f.std(ddof=1)) if len(f) > 1 else 0.0, len(r["finals"])
+    return {"task": "sentiment", "task_options": TASK, "base": BASE, "methods": METHODS, "seeds": list(seeds),
+            "rows": rows, "markdown": _runs_md(kind, rows)}
+
+
+def _runs_md(kind: str, rows: dict) -> str:
+    title = {"dp": "Differential privacy: accuracy vs epsilon", "dropout": "Dropouts and stragglers",
+             "hostile": "Hostile clients (0, 1, 2 of 10)"}[kind]
+    L = [f"## {title}\n", f"sentiment (real MiniLM), {BASE['clients']} clients, {BASE['rounds']} rounds x "
+         f"{BASE['local_steps']} steps, {TASK['test_size']} test tweets; mean +- std over seeds.\n",
+         "| setting | accuracy | seeds | epsilon (delta 1e-5) | dropped clients (total) |", "|---|---|---|---|---|"]
+    for k, r in rows.items():
+        eps = "–" if not r["eps"] else ("inf (clip only)" if r["eps"][0] is None else f"{r['eps'][0]:.2f}")
+        L.append(f"| {k} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {eps} | {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |")
+    return "\n".join(L)
 
 
 if __name__ == "__main__":
