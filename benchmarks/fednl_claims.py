@@ -237,11 +237,17 @@ def part_trivia(size, seeds, workers) -> dict:
         per_dom = {d: ms([s["per_domain"][d] for s in ok]) for d in doms}
         drop = {d: ms([local[(s["config"]["seed"], d)] - s["per_domain"][d] for s in ok if (s["config"]["seed"], d) in local])
                 for d in doms if any((s["config"]["seed"], d) in local for s in ok)}
+        # per seed: the mean |drop| over the domains (what "closer to zero" compares), and personalised models' own scores
+        abs_drop = [float(np.mean([abs(local[(s["config"]["seed"], d)] - s["per_domain"][d]) for d in doms
+                                   if (s["config"]["seed"], d) in local])) for s in ok
+                    if any((s["config"]["seed"], d) in local for d in doms)]
+        personal = [float(np.mean([c["accuracy"] for c in s["per_client"].values()])) for s in ok if s.get("per_client")]
         out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
-                     "finals": [s["final"] for s in ok],
+                     "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop,
+                     "personal": ms(personal) if personal else None,
                      "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
                      "errors": [s["error"] for s in ss if "error" in s]}
-    return {"task_options": size["trivia"], "methods": out}
+    return {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out}
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -339,10 +345,26 @@ def markdown(res: dict) -> str:
             for name, r in res[part]["methods"].items():
                 L.append(f"- {name}: " + "; ".join(f"{t} @{n}: {fmt(v, 2)}" for t, c in r["cells"].items() for n, v in c.items()))
         else:
-            L += ["", "Aggregation drop per domain (local-only client on its domain minus the federated model; closer to 0 is better):", ""]
-            for name, r in res[part]["methods"].items():
-                if r["drop"]:
-                    L.append(f"- {name}: " + "; ".join(f"{d}: {fmt(v)}" for d, v in r["drop"].items()))
+            doms = sorted({d for r in ms_.values() for d in r["per_domain"]})
+            L += ["", f"Setting: {res[part]['task_options']}, {res[part].get('run', {})}; personalised methods' own models "
+                      "(each client on its domain's test questions): " + "; ".join(
+                          f"{n} {fmt(r['personal'])}" for n, r in ms_.items() if r.get("personal")) + ".", "",
+                  "Accuracy per domain (mean ± sd over seeds):", "", "| method | " + " | ".join(doms) + " |",
+                  "|---|" + "---|" * len(doms)]
+            for name, r in ms_.items():
+                L.append(f"| {name} | " + " | ".join(fmt(r["per_domain"].get(d), 3).split(" (")[0] for d in doms) + " |")
+            L += ["", "Aggregation drop per domain (the local-only client on its domain minus the model on that domain; "
+                      "closer to 0 is better):", "", "| method | " + " | ".join(doms) + " | mean abs (per seed) |",
+                  "|---|" + "---|" * (len(doms) + 1)]
+            for name, r in ms_.items():
+                if r["drop"] and name != "local-only":
+                    L.append(f"| {name} | " + " | ".join(fmt(r["drop"].get(d), 3).split(" (")[0] for d in doms)
+                             + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", [])) + " |")
+            if "FedNL" in ms_:
+                for other in ("FedAvg+LoRA", "FedProx (LoRA)", "FedSSI"):
+                    if other in ms_ and ms_["FedNL"].get("abs_drop_by_seed") and ms_[other].get("abs_drop_by_seed"):
+                        L.append(f"\nFedNL's aggregation drop closer to zero than {other}'s: **"
+                                 f"{verdict(ms_['FedNL']['abs_drop_by_seed'], ms_[other]['abs_drop_by_seed'], True)}**.")
         L.append("")
     return "\n".join(L)
 
