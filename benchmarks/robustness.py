@@ -167,7 +167,8 @@ def fuzz_secagg(n: int, rng: random.Random) -> dict:
     for i, c in clients.items():
         c.receive(inbox[i])
     x = np.arange(8, dtype=np.uint64)
-    masked = clients[0].masked(x)
+    all_masked = {i: clients[i].masked(x) for i in U}
+    masked = all_masked[0]
     req = secagg.encode({"dropped": np.array([3], dtype="<u4").tobytes()}, {"dropped": secagg.Spec("bytes", max_len=16)},
                         kind="secagg/unmask")
     reveal = clients[0].unmask(req)
@@ -176,9 +177,9 @@ def fuzz_secagg(n: int, rng: random.Random) -> dict:
         "roster": lambda b: secagg.Client(0).shares(b, U, 3),
         "shares": lambda b: server.route({0: b, 1: shares[1], 2: shares[2], 3: shares[3]}),
         "inbox": lambda b: clients[1].receive(b),
-        "masked": lambda b: secagg._dec(b, {"y": secagg.Spec("tensor", (8,), "i64")}, "secagg/masked"),
+        "masked": lambda b: server.unmask({**all_masked, 0: b}, 8, lambda i, q: clients[i].unmask(q)),
         "unmask": lambda b: clients[1].unmask(b),
-        "reveal": lambda b: secagg._dec(b, {f"{j}": secagg.Spec("bytes", max_len=32) for j in U}, "secagg/reveal"),
+        "reveal": lambda b: server.unmask(all_masked, 8, lambda i, q: b if i == 0 else clients[i].unmask(q)),
     }
     msgs = {"keys": keys[0], "roster": roster, "shares": shares[0], "inbox": inbox[1], "masked": masked,
             "unmask": req, "reveal": reveal}

@@ -106,3 +106,22 @@ def test_a_client_round_that_fails_leaves_the_client_state_as_it_was():
     with pytest.raises(RuntimeError, match="mid-round"):
         P.client_round(m, model, down, subset(T.train, range(8)), ctx, cfg.max_message_bytes)
     assert list(ctx.state) == ["kept"] and torch.equal(ctx.state["kept"], torch.ones(2))
+
+
+def test_a_downlink_that_makes_the_loss_non_finite_is_refused_cleanly():
+    """Found by fuzzing: FedALA's convergence check crashed (statistics on inf) on a well-formed downlink of
+    huge weights; the round now ends in the wire's non-finite refusal, the client's state unchanged."""
+    from lightfed.wire import WireError
+    T = tiny_task("sentiment")
+    cfg = tiny_config("sentiment", "fedala")
+    m = methods.build(cfg)
+    model = m.prepare(copy.deepcopy(T.model))
+    state = m.init_state(model)
+    ctx = ClientContext(0, 1, 5, cfg, T.loss, {})
+    P.client_round(m, model, P.broadcast(m, state, 1), subset(T.train, range(16)), ctx, cfg.max_message_bytes)
+    kept = dict(ctx.state)
+    huge = {k: torch.full_like(v, 3e38) for k, v in state.items()}
+    ctx2 = ClientContext(0, 2, 6, cfg, T.loss, ctx.state)
+    with pytest.raises(WireError, match="finite"):
+        P.client_round(m, model, P.broadcast(m, huge, 2), subset(T.train, range(16)), ctx2, cfg.max_message_bytes)
+    assert ctx.state.keys() == kept.keys() and all(ctx.state[k] is kept[k] for k in kept)

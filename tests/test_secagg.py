@@ -111,3 +111,14 @@ def test_the_masked_input_hides_the_update():
     assert x[-1] == 3 and np.all(x[:-1].view(np.int64) == 3 * 2**secagg.FRAC)
     mean, n = secagg.from_fixed(x + x, ["w"], {"w": (8,)})
     assert n == 6 and torch.equal(mean["w"], torch.ones(8))
+
+
+def test_a_key_or_share_of_the_wrong_length_is_refused_naming_it():
+    """Found by benchmarks/robustness.py's fuzzing: a 31-byte key went through the wire's max_len and
+    crashed X25519; now the receiver refuses it."""
+    from lightfed.wire import Spec, WireError, encode
+    short = encode({"c": b"k" * 31, "s": b"k" * 32}, {"c": Spec("bytes", max_len=32), "s": Spec("bytes", max_len=32)},
+                   kind="secagg/keys")
+    good = {i: secagg.Client(i).keys() for i in (1, 2)}
+    with pytest.raises(WireError, match="'c'.*32"):
+        secagg.Server([0, 1, 2]).roster({0: short, **good})

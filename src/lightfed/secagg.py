@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from Crypto.Protocol.SecretSharing import Shamir
 
 from lightfed.config import ConfigError
-from lightfed.wire import Spec, decode, encode
+from lightfed.wire import Spec, WireError, decode, encode
 
 FRAC = 24                    # fixed point: 2^-24 per unit of n_i * value
 RANGE = 2.0**30              # |n_i * value| is clipped here: sum_i stays far below 2^63 / 2^24
@@ -46,6 +46,14 @@ MAX_BYTES = 2**31            # a masked input: 8 bytes per coordinate
 
 def _dec(blob: bytes, schema: dict, kind: str) -> dict:
     return decode(blob, schema, kind=kind, max_bytes=MAX_BYTES)
+
+
+def _keys32(fields: dict) -> dict:
+    """Every public key (and revealed secret) is exactly 32 bytes; the wire only bounds the length."""
+    for k, v in fields.items():
+        if len(v) != 32:
+            raise WireError(k, f"{len(v)} bytes, an X25519 key or a secret share is 32")
+    return fields
 
 
 def check(cfg, method_cls) -> None:
@@ -117,7 +125,7 @@ class Client:
         return encode({"c": _pub(self.c), "s": _pub(self.s)}, {"c": KEY, "s": KEY}, kind="secagg/keys")
 
     def shares(self, roster: bytes, U: list[int], t: int) -> bytes:         # phase 1
-        keys = _dec(roster, roster_schema(U), kind="secagg/roster")
+        keys = _keys32(_dec(roster, roster_schema(U), kind="secagg/roster"))
         self.U, self.t = U, t
         self.cpub = {j: keys[f"{j}.c"] for j in U}
         self.spub = {j: keys[f"{j}.s"] for j in U}
@@ -136,6 +144,8 @@ class Client:
             key = _kdf(self.c.exchange(X25519PublicKey.from_public_bytes(self.cpub[j])), b"secagg shares")
             ct = f[f"from.{j}"]
             self.held[j] = AESGCM(key).decrypt(ct[:12], ct[12:], f"{j}->{self.cid}".encode())   # (b_j share, s_j share)
+            if len(self.held[j]) != 64:
+                raise WireError(f"from.{j}", f"{len(self.held[j])} bytes of shares, expected 64")
 
     def masked(self, x: np.ndarray) -> bytes:                                  # phase 2
         y = x + prg(self.b, len(x))
@@ -173,7 +183,7 @@ class Server:
     def roster(self, keys: dict[int, bytes]) -> bytes:
         for j, m in keys.items():
             self._count(j, up=len(m))
-            f = _dec(m, {"c": KEY, "s": KEY}, kind="secagg/keys")
+            f = _keys32(_dec(m, {"c": KEY, "s": KEY}, kind="secagg/keys"))
             self.pub[f"{j}.c"], self.pub[f"{j}.s"] = f["c"], f["s"]
         if len(keys) < self.t:
             raise RuntimeError(f"secagg: {len(keys)} clients sent keys, fewer than the threshold {self.t}")
@@ -213,7 +223,7 @@ class Server:
             r = reveal(i, req)
             if r is not None:
                 self._count(i, up=len(r))
-                got[i] = _dec(r, {f"{j}": Spec("bytes", max_len=32) for j in self.U}, kind="secagg/reveal")
+                got[i] = _keys32(_dec(r, {f"{j}": Spec("bytes", max_len=32) for j in self.U}, kind="secagg/reveal"))
         if len(got) < self.t:
             return None
         idx = {j: k + 1 for k, j in enumerate(self.U)}

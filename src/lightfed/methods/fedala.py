@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +32,12 @@ from lightfed.data.tensors import batches, size, subset
 from lightfed.methods import lora
 
 LOCAL, WEIGHT = "local.", "ala_w."
+
+
+def _spread(xs: list[float]) -> float:
+    """Population std; nan when a loss is not finite (then ALA runs to its step budget)."""
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if math.isfinite(m) else math.nan
 
 
 @dataclass
@@ -128,7 +133,7 @@ class FedALA(lora.LoRA):
                 losses.append(loss.item())
                 samples += size(b)
                 if len(losses) >= budget or (first and len(losses) >= o.k
-                                             and statistics.pstdev(losses[-o.k:]) < o.threshold):
+                                             and _spread(losses[-o.k:]) < o.threshold):
                     budget = len(losses)
                     break
         ctx.state.update({WEIGHT + n: w[n] for n in top})

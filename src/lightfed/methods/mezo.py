@@ -42,7 +42,7 @@ from lightfed.config import ConfigError
 from lightfed.data.tensors import size
 from lightfed.methods.base import EXAMPLES, Method, Rejected, combine
 from lightfed.optim import zeroth_order as zo
-from lightfed.wire import Spec, encode, tensor_schema
+from lightfed.wire import Spec, WireError, encode, tensor_schema
 
 DIGEST = "digest"
 HELD, HELD_W = "held_round", "held."      # client state: round r0 whose global model it holds, and those weights
@@ -196,8 +196,8 @@ class MeZO(Method):
             rec = {f: down[f"{i}.{f}"] for f in self.scalars()}
             for f, P in self.scalars().items():
                 if rec[f].dim() != 2 or rec[f].shape[1] != P or rec[f].shape[0] > self.opts.max_steps:
-                    raise ValueError(f"seed record {i}.{f}: shape {tuple(rec[f].shape)}, expected (K <= "
-                                     f"{self.opts.max_steps}, {P})")
+                    raise WireError(f"{i}.{f}", f"seed record shape {tuple(rec[f].shape)}, expected (K <= "
+                                    f"{self.opts.max_steps}, {P})")
             w = self.replay(w, r, rec)
         return w
 
