@@ -136,6 +136,68 @@ def test_factors_regenerate_identically_in_another_process():
     assert not torch.equal(A, latent.make_factors(latent.layer_seed(SEED - 1, 0), 50, 8, 6)[0])
 
 
+SVD_HASH = """
+import hashlib, torch, torch.nn as nn
+from lightfed.models import latent
+torch.manual_seed(0)
+m = latent.install(nn.Sequential(nn.Embedding(50, 8), nn.Conv2d(2, 8, 3), nn.Linear(8, 12)),
+                   layers="linear,conv,embedding", seed=7, basis="svd", scale="weight")
+h = hashlib.sha256()
+for _, l in latent.latent_layers(m):
+    h.update(l.A.numpy().tobytes()); h.update(l.Bt.numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_svd_factors_span_the_pretrained_singular_subspaces_and_regenerate_identically():
+    base, m = toy(basis="svd", r=3)
+    for name, layer in latent.latent_layers(m):
+        W = layer.base.weight.detach().double().reshape(layer.rows, layer.cols)
+        U, S, Vh = torch.linalg.svd(W, full_matrices=False)
+        rr = min(3, U.shape[1])
+        A, Bt = layer.A.double()[:, :rr], layer.Bt.double()[:rr]
+        # the columns of A are the top singular vectors up to sign, scaled to the random factors' norms
+        assert torch.allclose((U[:, :rr].T @ A).abs(), torch.eye(rr, dtype=torch.float64) * (layer.rows / 3) ** 0.5, atol=1e-4)
+        assert torch.allclose((Vh[:rr] @ Bt.T).abs(), torch.eye(rr, dtype=torch.float64) / 3 ** 0.5, atol=1e-4)
+    ids, img = inputs()
+    assert torch.equal(base(ids, img), m(ids, img)), "z = 0 is still the pretrained model"
+    here = io.StringIO()
+    with contextlib.redirect_stdout(here):
+        exec(SVD_HASH, {})
+    there = subprocess.run([sys.executable, "-c", SVD_HASH], capture_output=True, text=True, check=True).stdout.strip()
+    assert here.getvalue().strip() == there
+
+
+def test_weight_scale_moves_each_layer_by_the_same_fraction_of_its_weight():
+    _, m = toy(scale="weight", r=4)
+    set_z(m, 3)
+    ratios = []
+    for _, layer in latent.latent_layers(m):
+        W = layer.base.weight.detach().double()
+        assert layer.gain == pytest.approx(W.square().mean().sqrt().item() * layer.cols ** 0.5, rel=1e-6)
+        dW = layer.delta().double()
+        ratios.append((dW.square().mean().sqrt() / W.square().mean().sqrt()).item())
+    z_rms = m.z.detach().square().mean().sqrt().item()
+    assert all(0.2 * z_rms < r < 5 * z_rms for r in ratios), (ratios, z_rms)
+
+
+@pytest.mark.parametrize("opts, words", [({"basis": "svd", "mode": "regen"}, "basis = svd"), ({"scale": "x"}, "scale"),
+                                         ({"basis": "pca"}, "basis")])
+def test_bad_map_options_fail_before_any_work(opts, words):
+    from lightfed import config as C
+    with pytest.raises(C.ConfigError, match=words):
+        methods.options("flite", opts)
+
+
+@pytest.mark.parametrize("opts", [{"basis": "svd"}, {"scale": "weight"}])
+def test_averaging_latents_is_averaging_weights_with_derived_maps(opts):
+    _, m = toy(**opts)
+    zs = [torch.randn(m.z.shape, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in (1, 2)]
+    mean = latent.materialize(m, (zs[0] + zs[1]) / 2, torch.float64)
+    each = [latent.materialize(m, z, torch.float64) for z in zs]
+    assert all(torch.allclose(mean[k], (each[0][k] + each[1][k]) / 2, atol=1e-10) for k in mean)
+
+
 # --- the method -----------------------------------------------------------------------------------
 def flite(**opts):
     T = tiny_task("fmnist")

@@ -53,6 +53,10 @@ class LatentOptions:
     k: int = 0                      # flat form: latents per layer (0 = r; only min(k, r) are live)
     mode: str = "cache"             # cache (factors in memory) | regen (drawn again each forward)
     seed: int = -1                  # 64-bit factor seed; -1 = derived from the run seed
+    basis: str = "random"           # random (seeded draws) | svd (each weight's top-r singular subspaces: from
+                                    # theta_pre, which every party holds: no bytes)
+    scale: str = "fanin"            # fanin (z in fan-in units) | weight (a unit of z moves each layer by the same
+                                    # fraction of its own weight's rms)
     head: str = "orthogonal"        # orthogonal | random | trainable | keep (the model's own head, frozen: e.g. a
                                     # probe's, with init = <probe run>)
 
@@ -63,11 +67,14 @@ class LatentOptions:
             latent.parse_kinds(self.layers)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        for name, val, ok in (("form", self.form, latent.FORMS), ("mode", self.mode, latent.MODES), ("head", self.head, HEADS)):
+        for name, val, ok in (("form", self.form, latent.FORMS), ("mode", self.mode, latent.MODES), ("head", self.head, HEADS),
+                              ("basis", self.basis, latent.BASES), ("scale", self.scale, latent.SCALES)):
             if val not in ok:
                 raise ConfigError(f"{name} = {val!r}: use one of {', '.join(ok)}")
         if not -1 <= self.seed < 2**64:
             raise ConfigError(f"seed = {self.seed}: a 64-bit seed in [0, 2**64), or -1 (from the run seed)")
+        if self.basis == "svd" and (self.form != "matrix" or self.mode != "cache"):
+            raise ConfigError("basis = svd needs form = matrix and mode = cache")
 
 
 @dataclass
@@ -87,7 +94,11 @@ def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
     z) and the head policy `o.head`. -> (factor seed, latent.info). Shared with methods/zoflite.py."""
     seed = o.seed if o.seed >= 0 else seeds.derive(run_seed, 0xF117E)     # the factor seed (8 B, sent once)
     pre = sum(p.numel() * p.element_size() for p in model.parameters())   # what every party must already hold
-    latent.install(model, r=o.r, layers=o.layers, seed=seed, mode=o.mode, form=o.form, k=o.k)  # freezes all
+    try:
+        latent.install(model, r=o.r, layers=o.layers, seed=seed, mode=o.mode, form=o.form, k=o.k,  # freezes all
+                       basis=o.basis, scale=o.scale)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     head = getattr(model, "head", None)
     if isinstance(head, nn.Linear):
         with torch.no_grad():     # portable draws: server and clients regenerate the same frozen head

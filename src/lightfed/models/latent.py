@@ -51,41 +51,66 @@ def layer_seed(seed: int, index: int) -> int:
     return derive(seed, 1, index)
 
 
-def make_factors(seed: int, rows: int, cols: int, r: int, form: str = "matrix", k: int = 0):
+def make_factors(seed: int, rows: int, cols: int, r: int, form: str = "matrix", k: int = 0, basis: str = "random",
+                 weight: torch.Tensor | None = None, gain: float = 1.0):
     """The frozen factors of one layer, float32 on the CPU: (A, B^T) for "matrix", (U, V^T) for "flat".
     The right factor is drawn and kept transposed (r x cols, nn.Linear's layout): x -> x B is then a
-    row-major F.linear, ~3x faster on CPU than a skinny x @ B."""
+    row-major F.linear, ~3x faster on CPU than a skinny x @ B.
+    basis "svd" (matrix form): A, B^T span the top-r singular subspaces of the pretrained `weight`
+    (float64 SVD, signs fixed, rounded to float32), scaled to the random factors' Frobenius norms.
+    gain: multiplies A (per-layer scaling; 1 = fan-in units)."""
+    if basis == "svd":
+        W = weight.detach().to("cpu", torch.float64).reshape(rows, cols)
+        U, _, Vh = torch.linalg.svd(W, full_matrices=False)
+        rr = min(r, U.shape[1])
+        U, Vh = U[:, :rr], Vh[:rr]
+        sign = torch.sign(U.gather(0, U.abs().argmax(0, keepdim=True)))               # largest entry of each u > 0
+        U, Vh = U * sign, Vh * sign.T
+        A = torch.zeros(rows, r, dtype=torch.float64)
+        Bt = torch.zeros(r, cols, dtype=torch.float64)
+        A[:, :rr], Bt[:rr] = U * math.sqrt(rows / r) * gain, Vh / math.sqrt(r)
+        return A.float(), Bt.float()
     if form == "matrix":
         A = normal((rows, r), derive(seed, 0)).mul_(1 / math.sqrt(r))                # rows x r
         Bt = normal((r, cols), derive(seed, 1)).mul_(1 / math.sqrt(r * cols))       # r x cols
     else:
         A = normal((rows * cols, r), derive(seed, 0)).mul_(1 / math.sqrt(r * cols))  # U: rows*cols x r
         Bt = normal((r, k), derive(seed, 1)).mul_(1 / math.sqrt(k))                   # V^T: r x k
-    return A, Bt
+    return (A if gain == 1.0 else A.mul_(gain)), Bt
+
+
+def layer_gain(weight: torch.Tensor, cols: int) -> float:
+    """scale "weight": rms(W_l) sqrt(cols), so that rms(dW_l) / rms(W_l) ~ rms(z_l) in every layer (a unit of z
+    moves each layer by the same fraction of its own weight). float64, rounded to float32."""
+    w = weight.detach().to("cpu", torch.float64)
+    return float(torch.tensor(float(w.square().mean().sqrt()) * math.sqrt(cols), dtype=torch.float32))
 
 
 class LatentLayer(nn.Module):
     """base (frozen) + a weight correction generated from its slice z[lo:hi] of the root's z."""
 
     def __init__(self, base: nn.Module, root: nn.Module, kind: str, lo: int, seed: int, r: int, form: str, k: int,
-                 mode: str):
+                 mode: str, basis: str = "random", scale: str = "fanin"):
         super().__init__()
         self.base, self._root = base, (root,)          # a tuple: the root is not registered as a child
-        self.kind, self.seed, self.r, self.form, self.mode = kind, seed, r, form, mode
+        self.kind, self.seed, self.r, self.form, self.mode, self.basis = kind, seed, r, form, mode, basis
         self.rows, self.cols = base.weight.shape[0], base.weight[0].numel()
         self.k = r * r if form == "matrix" else k
         self.lo, self.hi = lo, lo + self.k
-        A, Bt = make_factors(seed, self.rows, self.cols, r, form, k) if mode == "cache" else (None, None)
+        self.gain = layer_gain(base.weight, self.cols) if scale == "weight" else 1.0
+        A, Bt = self._make() if mode == "cache" else (None, None)
         w = base.weight
         self.register_buffer("A", None if A is None else A.to(w.device, w.dtype), persistent=False)
         self.register_buffer("Bt", None if Bt is None else Bt.to(w.device, w.dtype), persistent=False)
+
+    def _make(self):
+        return make_factors(self.seed, self.rows, self.cols, self.r, self.form, self.k, self.basis, self.base.weight, self.gain)
 
     def factors(self):
         if self.mode == "cache":
             return self.A, self.Bt
         z = self._root[0].z
-        return tuple(t.to(z.device, z.dtype) for t in
-                     make_factors(self.seed, self.rows, self.cols, self.r, self.form, self.k))
+        return tuple(t.to(z.device, z.dtype) for t in self._make())
 
     def latent(self) -> torch.Tensor:
         return self._root[0].z[self.lo:self.hi]                                     # (k,)
@@ -121,7 +146,8 @@ class LatentLayer(nn.Module):
         return F.embedding(x, W, b.padding_idx, None, b.norm_type, b.scale_grad_by_freq, b.sparse)
 
     def extra_repr(self):
-        return f"{self.kind}, z[{self.lo}:{self.hi}], r={self.r}, form={self.form}, mode={self.mode}"
+        return (f"{self.kind}, z[{self.lo}:{self.hi}], r={self.r}, form={self.form}, mode={self.mode}, basis={self.basis}, "
+                f"gain={self.gain:.4g}")
 
 
 def parse_kinds(layers: str) -> list[str]:
@@ -132,12 +158,20 @@ def parse_kinds(layers: str) -> list[str]:
     return kinds
 
 
+BASES = ("random", "svd")
+SCALES = ("fanin", "weight")
+
+
 def install(model: nn.Module, *, r: int = 6, layers: str = "linear,conv", seed: int = 0, mode: str = "cache",
-            form: str = "matrix", k: int = 0) -> nn.Module:
+            form: str = "matrix", k: int = 0, basis: str = "random", scale: str = "fanin") -> nn.Module:
     """Freeze `model`, wrap its selected layers in place, add `model.z` = zeros(K). Returns model.
     k: latents per layer in the flat form (0 = r); the matrix form always uses r^2."""
     if form not in FORMS or mode not in MODES:
         raise ValueError(f"form {form!r} / mode {mode!r}: use form in {FORMS}, mode in {MODES}")
+    if basis not in BASES or scale not in SCALES:
+        raise ValueError(f"basis {basis!r} / scale {scale!r}: use basis in {BASES}, scale in {SCALES}")
+    if basis == "svd" and (form != "matrix" or mode != "cache"):
+        raise ValueError("basis svd: the matrix form in mode cache (an SVD per forward would cost far more than it saves)")
     if r < 1 or k < 0 or not 0 <= seed < 2**64:
         raise ValueError(f"r = {r}, k = {k}, seed = {seed}: need r >= 1, k >= 0, 0 <= seed < 2**64")
     if hasattr(model, "z") or any(isinstance(m, LatentLayer) for m in model.modules()):
@@ -154,7 +188,7 @@ def install(model: nn.Module, *, r: int = 6, layers: str = "linear,conv", seed: 
     lo = 0
     for i, (name, m) in enumerate(targets):
         kind = next(s for s, t in KINDS.items() if type(m) is t)
-        wrapped = LatentLayer(m, model, kind, lo, layer_seed(seed, i), r, form, k, mode)
+        wrapped = LatentLayer(m, model, kind, lo, layer_seed(seed, i), r, form, k, mode, basis, scale)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, wrapped)
         lo = wrapped.hi
