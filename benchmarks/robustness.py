@@ -77,7 +77,7 @@ def _mark(d: dict) -> dict:
     return {k: (id(v), v._version if torch.is_tensor(v) else repr(v)) for k, v in d.items()}
 
 
-def part_fuzz(n: int) -> dict:
+def part_fuzz(n: int, only: set | None = None) -> dict:
     import torch
     from conftest import tiny_config, tiny_task
     from lightfed import methods
@@ -89,6 +89,8 @@ def part_fuzz(n: int) -> dict:
     rng = random.Random(0)
     out = {}
     for name in methods.METHODS:
+        if only is not None and not any(k.split("/")[0] == name for k in only):
+            continue
         task = "austen" if name == "fednl" else "sentiment"
         opts = {"down": "seeds"} if name in ("decomfl", "mezo", "fedspzo", "zoflite") else {}
         T = tiny_task(task)
@@ -107,6 +109,8 @@ def part_fuzz(n: int) -> dict:
                 from lightfed.wire import encode
                 kinds[k2] = encode(f2, s2, kind=f"{m.name}/{k2}")
         for kind, msg in kinds.items():
+            if only is not None and f"{name}/{kind}" not in only:
+                continue
             t = time.perf_counter()
             c = {"mutants": 0, "refused": 0, "named": 0, "well_formed": 0, "crashes": 0, "state_changed": 0, "examples": []}
             for bad in mutants(msg, n, rng):
@@ -150,7 +154,8 @@ def part_fuzz(n: int) -> dict:
                   f"{c['well_formed']} well-formed, {c['crashes']} crashes, {c['state_changed']} state changes, "
                   f"{c['bytes']} B, {c['seconds']:.1f} s",
                   file=sys.stderr, flush=True)
-    out.update(fuzz_secagg(n, rng))
+    if only is None or any(k.startswith("secagg/") for k in only):
+        out.update(fuzz_secagg(n, rng))
     return {"per_kind": n, "kinds": out}
 
 
@@ -267,6 +272,14 @@ def markdown(res: dict) -> str:
             L.append(f"| {k} | {c['bytes']:,} | {c['mutants']:,} | {c['refused']:,} | {c['named']:,} | {c['well_formed']:,} | "
                      f"{c['crashes']} | {c['state_changed']} |")
         L.append("")
+    if "fuzz_recheck" in res:
+        f = res["fuzz_recheck"]
+        L += ["## Fuzzing again after the fixes: the kinds that crashed, and secure aggregation's receivers\n",
+              f"Command: `{f.get('command', '')}`\n",
+              "| kind | mutants | refused | naming the field | well-formed | crashes | state changes |", "|---|---|---|---|---|---|---|"]
+        for k, c in f["kinds"].items():
+            L.append(f"| {k} | {c['mutants']:,} | {c['refused']:,} | {c['named']:,} | {c['well_formed']:,} | {c['crashes']} | {c['state_changed']} |")
+        L.append("")
     if "secagg" in res:
         L += [f"## Secure aggregation: cost per round, {res['secagg']['clients']} clients\n",
               "Bytes per client per round. The masked input is 8 bytes per coordinate plus the sample count; the protocol's "
@@ -292,6 +305,7 @@ def main():
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--kinds", default="", help="fuzz: only these message kinds (e.g. fedala/down), as part 'fuzz_recheck'")
     a = ap.parse_args()
     path = RESULTS / "robustness.json"
     res = json.loads(path.read_text()) if path.exists() else {}
@@ -299,11 +313,13 @@ def main():
         res["meta"] = meta("python benchmarks/robustness.py " + " ".join(sys.argv[1:]))
         for p in a.parts.split(","):
             t = time.time()
-            res[p] = {"fuzz": lambda: part_fuzz(a.per_kind), "secagg": part_secagg,
+            res[p] = {"fuzz": lambda: part_fuzz(a.per_kind),
+                      "fuzz_recheck": lambda: part_fuzz(a.per_kind, set(a.kinds.split(","))), "secagg": part_secagg,
                       "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers),
                       "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers),
                       "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers)}[p]()
             res[p]["seconds"] = time.time() - t
+            res[p]["command"] = res["meta"]["command"]
             write("robustness", res, markdown(res))
     write("robustness", res, markdown(res))
     print(RESULTS / "robustness.md")

@@ -122,3 +122,16 @@ def test_a_key_or_share_of_the_wrong_length_is_refused_naming_it():
     good = {i: secagg.Client(i).keys() for i in (1, 2)}
     with pytest.raises(WireError, match="'c'.*32"):
         secagg.Server([0, 1, 2]).roster({0: short, **good})
+
+
+def test_a_bad_inbox_leaves_the_shares_a_client_held():
+    """Found by fuzzing: a malformed inbox emptied the client's held shares before failing."""
+    U = [0, 1, 2]
+    server, clients = secagg.Server(U), {i: secagg.Client(i) for i in U}
+    roster = server.roster({i: c.keys() for i, c in clients.items()})
+    inbox = server.route({i: c.shares(roster, U, server.t) for i, c in clients.items()})
+    clients[1].receive(inbox[1])
+    held = dict(clients[1].held)
+    with pytest.raises(Exception):
+        clients[1].receive(inbox[1][:-5] + b"\x00" * 5)
+    assert clients[1].held == held

@@ -139,13 +139,14 @@ class Client:
 
     def receive(self, inbox: bytes) -> None:                                    # phase 1, the server's delivery
         f = _dec(inbox, {f"from.{j}": Spec("bytes", max_len=92) for j in self.U}, kind="secagg/inbox")
-        self.held = {}
+        held = {}                     # all or nothing: a bad inbox leaves what the client held as it was
         for j in self.U:
             key = _kdf(self.c.exchange(X25519PublicKey.from_public_bytes(self.cpub[j])), b"secagg shares")
             ct = f[f"from.{j}"]
-            self.held[j] = AESGCM(key).decrypt(ct[:12], ct[12:], f"{j}->{self.cid}".encode())   # (b_j share, s_j share)
-            if len(self.held[j]) != 64:
-                raise WireError(f"from.{j}", f"{len(self.held[j])} bytes of shares, expected 64")
+            held[j] = AESGCM(key).decrypt(ct[:12], ct[12:], f"{j}->{self.cid}".encode())   # (b_j share, s_j share)
+            if len(held[j]) != 64:
+                raise WireError(f"from.{j}", f"{len(held[j])} bytes of shares, expected 64")
+        self.held = held
 
     def masked(self, x: np.ndarray) -> bytes:                                  # phase 2
         y = x + prg(self.b, len(x))
