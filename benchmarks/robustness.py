@@ -271,6 +271,14 @@ def markdown(res: dict) -> str:
         for k, c in f["kinds"].items():
             L.append(f"| {k} | {c['bytes']:,} | {c['mutants']:,} | {c['refused']:,} | {c['named']:,} | {c['well_formed']:,} | "
                      f"{c['crashes']} | {c['state_changed']} |")
+        crashed = {k: sorted({e for e in c["examples"] if e.startswith("CRASH")}) for k, c in f["kinds"].items() if c["crashes"]}
+        if crashed:
+            L += ["", "Crashes (an exception other than a refusal), each a bug this run found:", ""]
+            L += [f"- {k}: " + "; ".join(f"`{e[6:]}`" for e in v) for k, v in crashed.items()]
+            if "fuzz_recheck" in res:
+                L += ["", "All are fixed (FedALA's convergence check on a non-finite loss; a malformed seed record now refused as "
+                          "a wire error naming it; secure aggregation's keys and shares checked for length, and a bad inbox "
+                          "no longer empties the shares a client held): see the recheck below."]
         L.append("")
     if "fuzz_recheck" in res:
         f = res["fuzz_recheck"]
