@@ -317,6 +317,13 @@ def _partition_id(context: Context) -> int | None:
 
 
 def client_query(msg: Message, context: Context) -> Message:
+    cfg = None
+    with contextlib.suppress(Exception):             # a query must answer even with no usable config
+        cfg = config_from_run_config(context.run_config)
+    if cfg is not None and options(cfg).node_worker:   # warm this node's worker now, not in round 1
+        from lightfed.engine import node_worker as W
+        W.start(W.socket_path(digest(cfg), _partition_id(context)), idle=options(cfg).worker_idle,
+                max_bytes=2 * cfg.max_message_bytes + (1 << 30), config=cfg.to_dict())
     return Message(RecordDict({REC: ConfigRecord({"partition-id": -1 if _partition_id(context) is None
                                                   else _partition_id(context), "pid": os.getpid()})}), reply_to=msg)
 

@@ -62,6 +62,30 @@ def socket_path(key: str, partition: int | None) -> Path:
     return d / f"w-{key[:12]}-p{'x' if partition is None else partition}.sock"     # AF_UNIX paths: < 108 bytes
 
 
+def alive(path: Path) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+            send(s, {"kind": "ping"}, [])
+            return bool(receive(s, 0)[0].get("ok"))
+    except (OSError, ValueError, ConnectionError):
+        return False
+
+
+def start(path: Path, *, idle: float, max_bytes: int, config: dict | None = None) -> subprocess.Popen | None:
+    """Start the worker at `path` unless one answers; with `config` it builds the task and model at once
+    (the ServerApp's first `query` warms every node's worker this way, before round 1)."""
+    if alive(path):
+        return None
+    cmd = [sys.executable, "-m", "lightfed.engine.node_worker", "--socket", str(path), "--idle", str(idle),
+           "--max-bytes", str(max_bytes)]
+    if config is not None:
+        Path(str(path) + ".json").write_text(json.dumps(config))
+        cmd += ["--config", str(path) + ".json"]
+    with open(str(path) + ".log", "ab") as log:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
 def call(path: Path, header: dict, blobs: list[bytes], *, max_bytes: int, idle: float, wait: float = 300.0):
     """Send one request to the worker at `path`, starting it first if none answers. -> (header, blobs)"""
     t0 = time.time()
@@ -79,11 +103,8 @@ def call(path: Path, header: dict, blobs: list[bytes], *, max_bytes: int, idle: 
             return h, b
         except (FileNotFoundError, ConnectionRefusedError):
             if started is None:
-                with open(str(path) + ".log", "ab") as log:
-                    started = subprocess.Popen([sys.executable, "-m", "lightfed.engine.node_worker", "--socket", str(path),
-                                                "--idle", str(idle), "--max-bytes", str(max_bytes)],
-                                               stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-            elif started.poll() is not None:
+                started = start(path, idle=idle, max_bytes=max_bytes) or False
+            elif started and started.poll() is not None:
                 tail = Path(str(path) + ".log").read_text(errors="replace")[-600:]
                 raise RuntimeError(f"node worker at {path} exited ({started.returncode}): {tail}")
             if time.time() - t0 > wait:
@@ -91,7 +112,7 @@ def call(path: Path, header: dict, blobs: list[bytes], *, max_bytes: int, idle: 
             time.sleep(0.2)
 
 
-def serve(path: Path, idle: float, max_bytes: int) -> None:
+def serve(path: Path, idle: float, max_bytes: int, config: Path | None = None) -> None:
     from lightfed import config as C
     from lightfed.engine import flower_app as F
     tmp = path.parent / f".{os.getpid()}.s"
@@ -103,6 +124,9 @@ def serve(path: Path, idle: float, max_bytes: int) -> None:
     srv.settimeout(idle)
     born = time.time()
     print(f"lightfed node worker {os.getpid()} on {path}", flush=True)
+    if config is not None:                       # warm: build the task and model before the first message
+        cfg = C.from_dict(json.loads(config.read_text()))
+        F._setup(cfg, F.options(cfg))
     while True:
         try:
             conn, _ = srv.accept()
@@ -110,7 +134,11 @@ def serve(path: Path, idle: float, max_bytes: int) -> None:
             break
         with conn:
             try:
-                h, (state, down) = receive(conn, max_bytes)
+                h, blobs = receive(conn, max_bytes)
+                if h.get("kind") == "ping":
+                    send(conn, {"ok": True}, [])
+                    continue
+                state, down = blobs
                 from safetensors.torch import load, save
                 cfg = C.from_dict(h["config"])
                 up, new_state, stats, measure = F.train_core(cfg, int(h["round"]), int(h["cid"]), down,
@@ -136,8 +164,9 @@ def main(argv=None):
     ap.add_argument("--socket", required=True)
     ap.add_argument("--idle", type=float, default=600.0)
     ap.add_argument("--max-bytes", type=int, default=2**31)
+    ap.add_argument("--config", help="a JSON RunConfig: build its task and model at start")
     a = ap.parse_args(argv)
-    serve(Path(a.socket), a.idle, a.max_bytes)
+    serve(Path(a.socket), a.idle, a.max_bytes, Path(a.config) if a.config else None)
 
 
 if __name__ == "__main__":
