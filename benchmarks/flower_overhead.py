@@ -193,9 +193,11 @@ def report(d: dict) -> str:
         if "worker" in r["engine"]:
             lines.append(
                 f"- **Deployment with node workers**: the server waits {f(p['wait'], 1)} s per round. Each reply comes "
-                f"from the node's worker, {f(age, 0)} s old (started by the node's first message, then kept): it "
-                f"built task + model {f(build, 2)} s per reply on average (once per node), trained {f(comp, 2)} s; the "
-                f"client-app process per message imports flwr and lightfed's config only, not torch.")
+                f"from the node's worker, {f(age, 0)} s old (started and warmed by the ServerApp's first query, before "
+                f"round 1, then kept): building task + model inside a reply took {f(build, 2)} s on average (0 once "
+                f"warm), training {f(comp, 2)} s; the client-app process per message imports flwr and lightfed's config "
+                f"only, not torch. Warming all {d['config']['clients']} nodes' workers at once is in the wall time, "
+                f"not in the rounds: wall {f(r['wall_s'], 0)} s.")
         elif "deployment" in r["engine"]:
             lines.append(
                 f"- **Deployment**: the server waits {f(p['wait'], 1)} s per round for replies. Each reply comes from a "
