@@ -27,10 +27,8 @@ import argparse
 import copy
 import json
 import random
-import struct
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -40,30 +38,7 @@ from common import RESULTS, meta, run_grid, write  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-
-def recrc(body: bytes) -> bytes:
-    return body + struct.pack("<I", zlib.crc32(body))
-
-
-def mutants(msg: bytes, n: int, rng: random.Random):
-    """n malformed variants of a valid message (some may still be well-formed)."""
-    for k in range(n):
-        if k % 10 == 9:                         # garbage, half of it with the right magic and a valid CRC
-            g = rng.randbytes(rng.randrange(0, min(2 * len(msg), 1 << 16) + 16))
-            yield recrc(msg[:3] + g[3:]) if k % 20 == 19 and len(g) > 3 else g
-            continue
-        b = bytearray(msg[:-4])
-        for _ in range(rng.randint(1, 3)):
-            op, i = rng.randrange(4), rng.randrange(len(b) + 1)
-            if op == 0 and i < len(b):
-                b[i] = rng.randrange(256)
-            elif op == 1:
-                del b[i:]
-            elif op == 2:
-                b[i:i] = rng.randbytes(rng.randint(1, 8))
-            else:
-                del b[i: i + rng.randint(1, 8)]
-        yield recrc(bytes(b)) if k % 2 else bytes(b) + msg[-4:]
+from lightfed.wire.fuzz import mutants  # noqa: E402
 
 
 def names_a_field(err: str) -> bool:

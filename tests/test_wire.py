@@ -10,6 +10,7 @@ import zlib
 import pytest
 import torch
 
+from lightfed.wire.fuzz import mutants
 from lightfed.wire import (
     CODECS, Spec, WireError, decode, dequantize, encode, encoded_size, payload_nbytes,
     quantize, tensor_schema,
@@ -444,21 +445,9 @@ def test_fuzz_only_wireerror_escapes():
         if len(buf) >= 10:
             attempt(recrc(b"LF\x02" + buf[3:]))
     accepted = 0
-    for _ in range(400):  # mutations of a valid message: flips, cuts, insertions, deletions
-        b = bytearray(msg[:-4])
-        for _ in range(rng.randint(1, 3)):
-            op, i = rng.randrange(4), rng.randrange(len(b) + 1)
-            if op == 0 and i < len(b):
-                b[i] = rng.randrange(256)
-            elif op == 1:
-                del b[i:]
-            elif op == 2:
-                b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-            else:
-                del b[i : i + rng.randint(1, 8)]
-        attempt(bytes(b) + msg[-4:])  # stale CRC
-        accepted += attempt(recrc(bytes(b) + b"CRC!"))  # valid CRC: exercises the parser
-    assert accepted < 400
+    for bad in mutants(msg, 800, rng):  # flips, cuts, insertions, deletions; stale and valid CRCs; garbage
+        accepted += attempt(bad)
+    assert accepted < 100
     with pytest.raises(WireError):
         decode(b"", schema, kind="fz", max_bytes=4096)
 
