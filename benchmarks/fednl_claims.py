@@ -242,8 +242,12 @@ def part_trivia(size, seeds, workers) -> dict:
                                    if (s["config"]["seed"], d) in local])) for s in ok
                     if any((s["config"]["seed"], d) in local for d in doms)]
         personal = [float(np.mean([c["accuracy"] for c in s["per_client"].values()])) for s in ok if s.get("per_client")]
+        # personalised methods: the drop of the model each client itself holds (its per-client score) on its domain
+        own = [float(np.mean([abs(local[(s["config"]["seed"], c["domains"][0])] - c["accuracy"]) for c in s["per_client"].values()
+                              if len(c["domains"]) == 1 and (s["config"]["seed"], c["domains"][0]) in local]))
+               for s in ok if s.get("per_client") and s["method"] != "local"]
         out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
-                     "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop,
+                     "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
                      "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
                      "errors": [s["error"] for s in ss if "error" in s]}
@@ -353,13 +357,15 @@ def markdown(res: dict) -> str:
                   "|---|" + "---|" * len(doms)]
             for name, r in ms_.items():
                 L.append(f"| {name} | " + " | ".join(fmt(r["per_domain"].get(d), 3).split(" (")[0] for d in doms) + " |")
-            L += ["", "Aggregation drop per domain (the local-only client on its domain minus the model on that domain; "
-                      "closer to 0 is better):", "", "| method | " + " | ".join(doms) + " | mean abs (per seed) |",
-                  "|---|" + "---|" * (len(doms) + 1)]
+            L += ["", "Aggregation drop per domain (the local-only client on its domain minus the global model on that domain; "
+                      "closer to 0 is better; the last column: personalised methods' own per-client models instead):", "",
+                  "| method | " + " | ".join(doms) + " | mean abs, global (per seed) | mean abs, own model (per seed) |",
+                  "|---|" + "---|" * (len(doms) + 2)]
             for name, r in ms_.items():
                 if r["drop"] and name != "local-only":
                     L.append(f"| {name} | " + " | ".join(fmt(r["drop"].get(d), 3).split(" (")[0] for d in doms)
-                             + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", [])) + " |")
+                             + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", []))
+                             + " | " + (", ".join(f"{x:.3f}" for x in r.get("abs_own_drop_by_seed", [])) or "-") + " |")
             if "FedNL" in ms_:
                 for other in ("FedAvg+LoRA", "FedProx (LoRA)", "FedSSI"):
                     if other in ms_ and ms_["FedNL"].get("abs_drop_by_seed") and ms_[other].get("abs_drop_by_seed"):
