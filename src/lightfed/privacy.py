@@ -40,8 +40,8 @@ def clients_per_round(cfg: RunConfig) -> int:
 
 def check(cfg: RunConfig, method_cls) -> None:
     if cfg.dp_clip > 0 and not method_cls.dp:
-        raise ConfigError(f"dp_clip: method {cfg.method!r} compresses its update before sending it (clipping must "
-                          "come first): differential privacy is not supported for it")
+        raise ConfigError(f"dp_clip: method {cfg.method!r} does not send a dense update (it compresses it first, or sends "
+                          "statistics): differential privacy is not supported for it")
 
 
 def generator(cfg: RunConfig, client_seed: int) -> torch.Generator:

@@ -60,8 +60,8 @@ def check(cfg, method_cls) -> None:
     if not cfg.secagg:
         return
     if method_cls.dp != "delta":
-        raise ConfigError(f"secagg: method {cfg.method!r} needs each client's upload (its server replays or decompresses "
-                          "it): secure aggregation covers dense averaged updates only")
+        raise ConfigError(f"secagg: method {cfg.method!r} needs each client's upload as it is (its server replays, "
+                          "decompresses or sums it): secure aggregation covers dense averaged updates only")
     if cfg.robust != "mean":
         raise ConfigError(f"secagg with robust = {cfg.robust!r}: robust aggregation needs each update; use mean")
 
