@@ -246,15 +246,9 @@ def _state_files(d: str, cid: int) -> dict[int, Path]:
 def _load_client_state(context: Context, cid: int, rnd: int = 0, opts: Options | None = None) -> dict:
     """The client's state after its last participation before round `rnd` (a resumed round sees exactly
     what it saw the first time, even if the client had gone further before the server's crash)."""
-    if opts is not None and opts.client_state_dir:
-        from safetensors.torch import load_file
-        before = [r for r in _state_files(opts.client_state_dir, cid) if r < rnd]
-        return dict(load_file(_state_files(opts.client_state_dir, cid)[max(before)])) if before else {}
-    rec = context.state.get(STATE_REC) if STATE_REC in context.state else None
-    if rec is None or int(rec["cid"]) != cid:
-        return {}
     from safetensors.torch import load
-    return dict(load(rec["tensors"]))
+    blob = _client_state_blob(context, cid, rnd, opts or Options())
+    return dict(load(blob)) if blob else {}
 
 
 def _client_state_blob(context: Context, cid: int, rnd: int, opts: Options) -> bytes:
@@ -283,23 +277,9 @@ def _store_client_state_blob(context: Context, cid: int, blob: bytes, rnd: int, 
 
 
 def _save_client_state(context: Context, cid: int, state: dict, rnd: int = 0, opts: Options | None = None) -> None:
-    if opts is not None and opts.client_state_dir:      # write, fsync, rename; keep the last two rounds
-        from safetensors.torch import save_file
-        from lightfed.engine.files import fsync
-        d = Path(opts.client_state_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".client-{cid}-r{rnd:06d}.tmp"
-        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
-        fsync(tmp)
-        tmp.rename(d / f"client-{cid}-r{rnd:06d}.safetensors")
-        fsync(d)
-        for r, p in sorted(_state_files(d, cid).items())[:-2]:
-            p.unlink()
-        return
-    if not state and STATE_REC not in context.state:
-        return
     from safetensors.torch import save
-    context.state[STATE_REC] = ConfigRecord({"cid": cid, "tensors": save({k: v.contiguous() for k, v in state.items()})})
+    blob = save({k: v.contiguous() for k, v in state.items()}) if state else b""
+    _store_client_state_blob(context, cid, blob, rnd, opts or Options())
 
 
 def _process_age() -> float | None:
