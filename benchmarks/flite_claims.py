@@ -48,7 +48,7 @@ METHODS = [
     ("VeRA", "vera", {}, {}),
     ("FedAvg+LoRA", "lora", {}, {"lr_times": 10}),     # adapters: 10x the full fine-tuning lr
     ("top-k 1% (EF)", "topk", {"ratio": 0.01}, {}),
-    ("PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}),
+    ("PowerSGD r4 (EF, shared factors)", "powersgd", {"rank": 4}, {}),
     ("FedAvg fp32", "fedavg", {}, {}),
     ("FedAvg int4", "fedavg", {"codec": "int4"}, {}),
 ]

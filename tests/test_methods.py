@@ -120,8 +120,8 @@ def test_topk_refuses_duplicate_indices():
         m.validate(state, f, 1)
 
 
-def test_powersgd_factors_and_error_feedback():
-    T, cfg, m, model = _setup("powersgd", rank=2)
+def test_powersgd_own_factors_and_error_feedback():
+    T, cfg, m, model = _setup("powersgd", rank=2, factors="own")
     state = m.init_state(model)
     cstate = {}
     up, f, _ = _client(T, cfg, m, model, state, cstate=cstate)
@@ -133,6 +133,39 @@ def test_powersgd_factors_and_error_feedback():
         assert k + ".E" in cstate and k + ".Q" in cstate, "residual and warm start kept on the client"
     dense = sum(v.numel() * 4 for v in state.values())
     assert len(up) < dense / 2
+
+
+def test_powersgd_shared_factors_are_one_power_step_on_the_mean_update():
+    """Vogels et al.'s scheme: the clients' Q shares in the broadcast subspace P^ average to M^T P^ of the
+    mean update M, the new weights are w + P^ P^T M, and next round's P^ is orth(M Q~)."""
+    T, cfg, m, model = _setup("powersgd", rank=2)
+    state = m.init_state(model)
+    k, (rows, cols) = next(iter(m.mats.items()))
+    assert torch.allclose(state["_" + k + ".P"].T @ state["_" + k + ".P"], torch.eye(2), atol=1e-5)
+    ups, Ms = [], []
+    for seed, rows_ in ((1, range(8)), (2, range(8, 32))):
+        cst = {}
+        up, f, _ = _client(T, cfg, m, model, state, seed, rows_, cstate=cst)
+        n = f.pop(P.SAMPLES)
+        ups.append((f, float(n)))
+        # the client's update, rebuilt from its residual: M_k = E_k + P^ Q_k^T
+        Ms.append((cst[k + ".E"] + state["_" + k + ".P"] @ f[k + ".Q"].T, float(n)))
+        assert f[k + ".Q"].shape == (cols, 2) and f[k + ".P"].shape == (rows, 2)
+        assert torch.allclose(f[k + ".P"], Ms[-1][0] @ state["_" + k + ".Q"], atol=1e-5), "P share = M_k Q~"
+    M = sum(Mk * n for Mk, n in Ms) / sum(n for _, n in Ms)                         # (rows, cols) the mean update
+    new = m.aggregate(state, ups, 1)
+    Ph = state["_" + k + ".P"]
+    want = state[k].reshape(rows, cols) + Ph @ Ph.T @ M
+    assert torch.allclose(new[k].reshape(rows, cols), want, atol=1e-5)
+    assert torch.allclose(new["_" + k + ".Q"], M.T @ Ph, atol=1e-5)
+    Pn = new["_" + k + ".P"]
+    assert torch.allclose(Pn.T @ Pn, torch.eye(2), atol=1e-5)
+    Pw = torch.linalg.qr(M @ state["_" + k + ".Q"]).Q                                       # the same subspace as orth(M Q~)
+    assert torch.allclose(Pn @ Pn.T, Pw @ Pw.T, atol=1e-4)
+    # the round trip of the broadcast carries the shared factors, fp32
+    from lightfed.wire import decode as dec
+    got = dec(P.broadcast(m, new, 2), m.down_schema(), kind=f"{m.name}/down", max_bytes=cfg.max_message_bytes)
+    assert torch.equal(got["_" + k + ".P"], new["_" + k + ".P"]) and torch.equal(got["_" + k + ".Q"], new["_" + k + ".Q"])
 
 
 def test_the_aggregation_weight_is_the_clients_example_count_not_the_samples_processed():

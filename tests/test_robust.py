@@ -61,14 +61,14 @@ def _hostile(m, state, blob, cfg):
     """Client 4 sends -100x its honest update (a scaled sign flip), as a well-formed message."""
     f = decode(blob, P.up_schema(m), kind=f"{m.name}/up", max_bytes=cfg.max_message_bytes)
     for k, v in list(f.items()):
-        if not torch.is_tensor(v) or not v.is_floating_point() or k.endswith(".Q"):   # PowerSGD: scale P only
-            continue
+        if not torch.is_tensor(v) or not v.is_floating_point() or (k.endswith(".Q") and not getattr(m, "shared", True)):
+            continue                  # PowerSGD with its own factors: the update is P Q^T, scaling P suffices
         f[k] = state[k] - 100 * (v - state[k]) if k in state and k in m.shapes and name_is_weights(m) else -100 * v
     return encode(f, P.up_schema(m), kind=f"{m.name}/up")
 
 
 @pytest.mark.parametrize("name,task,opts", [("fedavg", "fmnist", {}), ("flite", "sentiment", {}), ("topk", "fmnist", {"ratio": 0.5}),
-                                            ("powersgd", "fmnist", {}), ("decomfl", "sentiment", {"lr": 1e-2})])
+                                            ("powersgd", "fmnist", {}), ("powersgd", "fmnist", {"factors": "own"}), ("decomfl", "sentiment", {"lr": 1e-2})])
 def test_median_and_trim_resist_one_hostile_client_where_the_mean_does_not(name, task, opts):
     dist = {}
     for rule in ("mean", "median", "trim:0.2"):
