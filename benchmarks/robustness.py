@@ -142,7 +142,7 @@ def fuzz_secagg(n: int, rng: random.Random) -> dict:
     server, clients = secagg.Server(U), {i: secagg.Client(i) for i in U}
     keys = {i: c.keys() for i, c in clients.items()}
     roster = server.roster(keys)
-    shares = {i: c.shares(roster, U, server.t) for i, c in clients.items()}
+    shares = {i: c.shares(roster) for i, c in clients.items()}
     inbox = server.route(shares)
     for i, c in clients.items():
         c.receive(inbox[i])
@@ -154,7 +154,7 @@ def fuzz_secagg(n: int, rng: random.Random) -> dict:
     reveal = clients[0].unmask(req)
     receivers = {
         "keys": lambda b: secagg.Server(U).roster({0: b, 1: keys[1], 2: keys[2], 3: keys[3]}),
-        "roster": lambda b: secagg.Client(0).shares(b, U, 3),
+        "roster": lambda b: secagg.Client(0).shares(b),
         "shares": lambda b: server.route({0: b, 1: shares[1], 2: shares[2], 3: shares[3]}),
         "inbox": lambda b: clients[1].receive(b),
         "masked": lambda b: server.unmask({**all_masked, 0: b}, 8, lambda i, q: clients[i].unmask(q)),

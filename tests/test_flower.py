@@ -167,6 +167,30 @@ def test_an_interrupted_flower_run_resumes_to_the_uninterrupted_result(tmp_path)
     assert [r["round"] for r in records(tmp_path / "flower")] == [0, 1, 2, 3]
 
 
+def test_secure_aggregation_on_flower_sim_recovers_a_dropped_client_and_sends_the_local_engines_bytes(tmp_path):
+    """FedAvg with secagg on the Simulation Engine, client 2 crashing after its training in round 1: the sum of
+    the 3 survivors is unmasked (client 2's pairwise masks rebuilt from the others' shares), so the model is
+    plain FedAvg without client 2 (to the fixed point's 2^-24); round 2, all 4 there, sends per client the
+    bytes the in-process engine's secagg run sends (the protocol's messages included)."""
+    tiny_task("sentiment")
+    kw = dict(rounds=2, clients=4, fraction=1.0, min_clients=2)
+    victim = 2
+    with torch_threads(1):
+        F.run_simulation(tiny_config("sentiment", "fedavg", tmp_path / "flower", secagg=True, **kw), log=quiet,
+                         faults=[F.Fault("raise", 1, victim)])
+        local.run(tiny_config("sentiment", "fedavg", tmp_path / "plain", **kw), log=quiet,
+                  tamper=lambda r, c, b: b[:-1] if (r, c) == (1, victim) else b)
+        local.run(tiny_config("sentiment", "fedavg", tmp_path / "local", secagg=True, **kw), log=quiet)
+    r1, r2 = records(tmp_path / "flower")[1:]
+    assert r1["secagg"]["survivors"] == [0, 1, 3] and r1["accepted"] == 3 and [d["id"] for d in r1["dropped"]] == [victim]
+    assert r1["dropped"][0]["up"] > 0                      # its keys and shares went out
+    a, b = local.load_checkpoint(tmp_path / "flower")[1], local.load_checkpoint(tmp_path / "plain")[1]
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    lo = records(tmp_path / "local")[2]
+    per_client = lambda r: [(c["id"], c["up"], c["down"], c["secagg"]) for r_ in [r] for c in r_["clients"]]  # noqa: E731
+    assert per_client(r2) == per_client(lo) and r2["secagg"]["survivors"] == [0, 1, 2, 3]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(methods.METHODS))
 def test_every_method_on_flower_sim_equals_the_local_engine(tmp_path, method):

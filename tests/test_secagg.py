@@ -18,7 +18,7 @@ def _protocol(xs: dict[int, np.ndarray], drop_after_shares=(), threshold=0):
     server = secagg.Server(U, threshold)
     clients = {i: secagg.Client(i) for i in U}
     roster = server.roster({i: c.keys() for i, c in clients.items()})
-    inbox = server.route({i: c.shares(roster, U, server.t) for i, c in clients.items()})
+    inbox = server.route({i: c.shares(roster) for i, c in clients.items()})
     for i, c in clients.items():
         c.receive(inbox[i])
     masked = {i: clients[i].masked(xs[i]) for i in U if i not in drop_after_shares}
@@ -57,7 +57,7 @@ def test_a_client_refuses_an_unmask_request_naming_an_outsider():
     U = [0, 1, 2]
     server, clients = secagg.Server(U), {i: secagg.Client(i) for i in U}
     roster = server.roster({i: c.keys() for i, c in clients.items()})
-    inbox = server.route({i: c.shares(roster, U, server.t) for i, c in clients.items()})
+    inbox = server.route({i: c.shares(roster) for i, c in clients.items()})
     for i, c in clients.items():
         c.receive(inbox[i])
         c.masked(xs[i])
@@ -102,8 +102,8 @@ def test_secagg_with_dropouts_aggregates_the_survivors(tmp_path):
 def test_secagg_refuses_what_it_cannot_cover(kw, words):
     with pytest.raises(C.ConfigError, match=words):
         local.check(tiny_config("sentiment", **{"method": "fedavg", **kw}, secagg=True))
-    with pytest.raises(C.ConfigError, match="in-process engine"):
-        flower_app.options(tiny_config("sentiment", "fedavg", secagg=True))
+    with pytest.raises(C.ConfigError, match="node_worker"):
+        flower_app.options(tiny_config("sentiment", "fedavg", secagg=True, engine_options={"node_worker": True}))
 
 
 def test_the_masked_input_hides_the_update():
@@ -129,9 +129,56 @@ def test_a_bad_inbox_leaves_the_shares_a_client_held():
     U = [0, 1, 2]
     server, clients = secagg.Server(U), {i: secagg.Client(i) for i in U}
     roster = server.roster({i: c.keys() for i, c in clients.items()})
-    inbox = server.route({i: c.shares(roster, U, server.t) for i, c in clients.items()})
+    inbox = server.route({i: c.shares(roster) for i, c in clients.items()})
     clients[1].receive(inbox[1])
     held = dict(clients[1].held)
     with pytest.raises(Exception):
         clients[1].receive(inbox[1][:-5] + b"\x00" * 5)
     assert clients[1].held == held
+
+
+def test_a_client_that_keeps_only_bytes_between_phases_takes_part_like_an_object():
+    """The Flower client's path (secagg.step: secrets dumped and restored between messages) against the
+    in-process one, in one round, with one client dropped after the setup."""
+    U, held, xs = [0, 1, 2, 3], {}, {i: np.full(8, 10 * (i + 1), dtype=np.uint64) for i in range(4)}
+    sent = []
+
+    def call(phase, reqs):                 # clients 0, 1 keep only bytes; 2, 3 are objects
+        out = {}
+        for i, req in reqs.items():
+            if i < 2:
+                out[i], held[i] = secagg.step(i, phase, req, held.get(i))
+            else:
+                out[i] = r._local(phase, {i: req})[i]
+        sent.extend(out.values())
+        return out
+
+    r = secagg.Round.__new__(secagg.Round)
+    r.clients = {i: secagg.Client(i) for i in (2, 3)}
+    r.__init__(U, 0, call=call)
+    assert r.members == U and not r.failed
+    for i in (0, 1):                       # what the Flower client does after training
+        r.masked[i] = secagg.Client.restore(i, held[i]).masked(xs[i])
+    r.masked[2] = r.clients[2].masked(xs[2])                                   # client 3 drops
+    req = r.server.unmask_request(r.masked, 8)
+    total = r.server.unmask_finish(call("unmask", {i: req for i in r.server.alive}))
+    assert np.array_equal(total, xs[0] + xs[1] + xs[2])
+    mine = decode(held[0], secagg.SECRETS, kind="secagg/secrets", max_bytes=2**20)
+    assert not any(mine[k] in m for k in ("c", "s", "b") for m in sent)           # its secret keys never went out
+
+
+def test_a_client_that_drops_during_the_setup_is_left_out_and_the_setup_starts_again():
+    calls = []
+
+    def call(phase, reqs):
+        calls.append((phase, sorted(reqs)))
+        out = r._local(phase, reqs)
+        return {i: b for i, b in out.items() if not (phase == "shares" and i == 1)}   # client 1 vanishes
+
+    r = secagg.Round.__new__(secagg.Round)
+    r.clients = {i: secagg.Client(i) for i in range(5)}
+    r.__init__(list(range(5)), 0, call=call)
+    assert r.members == [0, 2, 3, 4] and r.server.t == 3
+    assert [c[0] for c in calls] == ["keys", "shares", "keys", "shares", "inbox"]
+    assert r.overhead(1)["up"] > 0 and r.overhead(1)["down"] > 0        # its first attempt's bytes count
+    assert r.overhead(0)["down"] > r.server.bytes[0]["down"]            # two rosters, one inbox

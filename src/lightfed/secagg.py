@@ -3,7 +3,7 @@ round's updates and nothing about any one of them, and the sum survives clients 
 
 One round, for the sampled clients U (threshold t = ceil(2|U|/3) unless set):
   0 keys     client i -> server: two X25519 public keys (c_i: encrypts shares; s_i: agrees masks);
-             server -> every client: all of U's keys
+             server -> every client: the roster (U, t and all of U's keys)
   1 shares   client i draws a self-mask seed b_i, splits b_i and its secret s key into t-of-|U| Shamir shares
              (pycryptodome), and sends share j to client j through the server, AES-GCM encrypted under
              HKDF(c_i x c_j): the server routes ciphertexts it cannot read
@@ -20,7 +20,13 @@ the zeroth-order methods (the server replays each client's seeds). The price: no
 values (a bad client can only hurt the sum; the masked message itself is still decoded and checked), 8 bytes
 per coordinate on the wire, and the protocol's own messages, all counted. Limits: semi-honest server
 (no signatures: a server that lies about who dropped could unmask a client); fewer than t survivors fails
-the round (the global state is kept); in the in-process engine only (Flower refuses it for now).
+the round (the global state is kept); a client that drops before the setup completes (keys, shares, inbox)
+is left out and the setup starts again with the others (fresh keys; every attempt's bytes count).
+
+Transport: `Round` drives the phases through `call(phase, {client: request}) -> {client: reply}` (a missing
+reply = a dropped client). In-process the clients are objects here; on Flower (engine/flower_app.py) each phase
+is one exchange of QUERY messages and a client keeps its secrets between phases in its node's private state
+(`Client.dump` / `Client.restore`; they never enter a message). The same bytes cross the wire on both.
 """
 from __future__ import annotations
 
@@ -124,11 +130,9 @@ class Client:
     def keys(self) -> bytes:                                                   # phase 0
         return encode({"c": _pub(self.c), "s": _pub(self.s)}, {"c": KEY, "s": KEY}, kind="secagg/keys")
 
-    def shares(self, roster: bytes, U: list[int], t: int) -> bytes:         # phase 1
-        keys = _keys32(_dec(roster, roster_schema(U), kind="secagg/roster"))
-        self.U, self.t = U, t
-        self.cpub = {j: keys[f"{j}.c"] for j in U}
-        self.spub = {j: keys[f"{j}.s"] for j in U}
+    def shares(self, roster: bytes) -> bytes:                                  # phase 1
+        self._adopt(roster)
+        U, t = self.U, self.t
         bs, ss = split(self.b, t, len(U)), split(_raw(self.s), t, len(U))
         out = {}
         for k, j in enumerate(U):
@@ -136,6 +140,16 @@ class Client:
             nonce = secrets.token_bytes(12)
             out[f"to.{j}"] = nonce + AESGCM(key).encrypt(nonce, bs[k] + ss[k], f"{self.cid}->{j}".encode())
         return encode(out, {f"to.{j}": Spec("bytes", max_len=12 + 64 + 16) for j in U}, kind="secagg/shares")
+
+    def _adopt(self, roster: bytes) -> None:
+        f = _dec(roster, ROSTER, kind="secagg/roster")
+        U = _ids(f["U"], "U")
+        if self.cid not in U or not 1 <= f["t"] <= len(U):
+            raise ValueError(f"secagg: a roster of {U[:8]}... with t = {f['t']} does not hold client {self.cid}")
+        keys = _keys32(_dec(f["keys"], roster_schema(U), kind="secagg/roster-keys"))
+        self.U, self.t, self.roster = U, f["t"], roster
+        self.cpub = {j: keys[f"{j}.c"] for j in U}
+        self.spub = {j: keys[f"{j}.s"] for j in U}
 
     def receive(self, inbox: bytes) -> None:                                    # phase 1, the server's delivery
         f = _dec(inbox, {f"from.{j}": Spec("bytes", max_len=92) for j in self.U}, kind="secagg/inbox")
@@ -146,7 +160,7 @@ class Client:
             held[j] = AESGCM(key).decrypt(ct[:12], ct[12:], f"{j}->{self.cid}".encode())   # (b_j share, s_j share)
             if len(held[j]) != 64:
                 raise WireError(f"from.{j}", f"{len(held[j])} bytes of shares, expected 64")
-        self.held = held
+        self.held, self.inbox = held, inbox
 
     def masked(self, x: np.ndarray) -> bytes:                                  # phase 2
         y = x + prg(self.b, len(x))
@@ -164,9 +178,61 @@ class Client:
         out = {f"{j}": self.held[j][32:] if j in dropped else self.held[j][:32] for j in self.U}
         return encode(out, {f"{j}": Spec("bytes", max_len=32) for j in self.U}, kind="secagg/reveal")
 
+    def mask_upload(self, upload: bytes, up_schema: dict, kind: str) -> bytes:
+        """Its own plain upload (a method's `.../up` message) -> the masked input that replaces it."""
+        f = _dec(upload, up_schema, kind=kind)
+        return self.masked(to_fixed(f, layout(up_schema)[0], int(f["_n"])))
+
+    # between phases a client on another engine keeps this (node-private; never sent)
+    def dump(self) -> bytes:
+        return encode({"c": _raw(self.c), "s": _raw(self.s), "b": self.b, "roster": getattr(self, "roster", b""),
+                       "inbox": getattr(self, "inbox", b"")}, SECRETS, kind="secagg/secrets")
+
+    @classmethod
+    def restore(cls, cid: int, blob: bytes) -> "Client":
+        f = _dec(blob, SECRETS, kind="secagg/secrets")
+        c = cls.__new__(cls)
+        c.cid, c.b = cid, f["b"]
+        c.c, c.s = X25519PrivateKey.from_private_bytes(f["c"]), X25519PrivateKey.from_private_bytes(f["s"])
+        if f["roster"]:
+            c._adopt(f["roster"])
+        if f["inbox"]:
+            c.receive(f["inbox"])
+        return c
+
+
+def step(cid: int, phase: str, request: bytes, held: bytes | None) -> tuple[bytes, bytes]:
+    """A client's side of one phase on an engine that keeps no objects between messages:
+    (phase, request, what it held) -> (reply, what to hold now)."""
+    c = Client(cid) if phase == "keys" else Client.restore(cid, held or b"")
+    reply = {"keys": lambda: c.keys(), "shares": lambda: c.shares(request),
+             "inbox": lambda: c.receive(request) or b"", "unmask": lambda: c.unmask(request)}[phase]()
+    return reply, c.dump()
+
 
 def roster_schema(U):
     return {f"{j}.{k}": KEY for j in U for k in ("c", "s")}
+
+
+MAX_CLIENTS = 1 << 16
+ROSTER = {"U": Spec("bytes", max_len=4 * MAX_CLIENTS), "t": Spec("int", lo=1, hi=MAX_CLIENTS), "keys": Spec("bytes", max_len=80 * MAX_CLIENTS)}
+SECRETS = {"c": KEY, "s": KEY, "b": KEY, "roster": Spec("bytes", max_len=100 * MAX_CLIENTS),
+           "inbox": Spec("bytes", max_len=100 * MAX_CLIENTS)}
+
+
+def _ids(raw: bytes, field: str) -> list[int]:
+    if len(raw) % 4:
+        raise WireError(field, f"{len(raw)} bytes: client ids are 4 bytes each")
+    U = np.frombuffer(raw, dtype="<u4").tolist()
+    if U != sorted(set(U)):
+        raise WireError(field, "client ids must be strictly increasing")
+    return U
+
+
+def layout(up_schema: dict) -> tuple[list[str], dict]:
+    """The float tensors of a method's upload, in schema order: what the masked input holds (then _n)."""
+    names = [k for k, sp in up_schema.items() if sp.kind == "tensor" and sp.codec not in ("i64", "i32")]
+    return names, {k: tuple(up_schema[k].shape) for k in names}
 
 
 class Server:
@@ -188,7 +254,8 @@ class Server:
             self.pub[f"{j}.c"], self.pub[f"{j}.s"] = f["c"], f["s"]
         if len(keys) < self.t:
             raise RuntimeError(f"secagg: {len(keys)} clients sent keys, fewer than the threshold {self.t}")
-        blob = encode(self.pub, roster_schema(self.U), kind="secagg/roster")
+        blob = encode({"U": np.array(self.U, dtype="<u4").tobytes(), "t": self.t,
+                       "keys": encode(self.pub, roster_schema(self.U), kind="secagg/roster-keys")}, ROSTER, kind="secagg/roster")
         for j in self.U:
             self._count(j, down=len(blob))
         return blob
@@ -208,29 +275,43 @@ class Server:
     def unmask(self, masked: dict[int, bytes], dim: int, reveal) -> np.ndarray | None:
         """masked: {client: phase-2 message} from the survivors; reveal(client, request bytes) -> its phase-3
         reply (None if it is gone too). -> sum of the survivors' x, or None below the threshold."""
-        ys = {}
+        req = self.unmask_request(masked, dim)
+        if req is None:
+            return None
+        return self.unmask_finish({i: r for i in self.alive if (r := reveal(i, req)) is not None})
+
+    def unmask_request(self, masked: dict[int, bytes], dim: int) -> bytes | None:
+        """Phase 3's request to every survivor (who dropped), or None below the threshold."""
+        self.ys, self.dim = {}, dim
         for i, m in masked.items():
             self._count(i, up=len(m))
-            ys[i] = _dec(m, {"y": Spec("tensor", (dim,), "i64")}, kind="secagg/masked")["y"].numpy().view(np.uint64)
-        alive = sorted(ys)
-        dropped = [j for j in self.U if j not in ys]
-        if len(alive) < self.t:
+            self.ys[i] = _dec(m, {"y": Spec("tensor", (dim,), "i64")}, kind="secagg/masked")["y"].numpy().view(np.uint64)
+        self.alive = sorted(self.ys)
+        if len(self.alive) < self.t:
             return None
+        dropped = [j for j in self.U if j not in self.ys]
         req = encode({"dropped": np.array(dropped, dtype="<u4").tobytes()},
                      {"dropped": Spec("bytes", max_len=4 * len(self.U))}, kind="secagg/unmask")
-        got = {}
-        for i in alive:
+        for i in self.alive:
             self._count(i, down=len(req))
-            r = reveal(i, req)
-            if r is not None:
+        return req
+
+    def unmask_finish(self, replies: dict[int, bytes]) -> np.ndarray | None:
+        """The survivors' phase-3 replies -> the sum of their x, or None if fewer than t answered."""
+        got = {}
+        for i in self.alive:
+            if i in replies:
+                r = replies[i]
                 self._count(i, up=len(r))
                 got[i] = _keys32(_dec(r, {f"{j}": Spec("bytes", max_len=32) for j in self.U}, kind="secagg/reveal"))
         if len(got) < self.t:
             return None
+        dim, alive = self.dim, self.alive
+        dropped = [j for j in self.U if j not in self.ys]
         idx = {j: k + 1 for k, j in enumerate(self.U)}
         total = np.zeros(dim, dtype=np.uint64)
         for i in alive:
-            total += ys[i]
+            total += self.ys[i]
             total -= prg(combine({idx[h]: got[h][f"{i}"] for h in got}), dim)            # i's self mask
         for d in dropped:                                                                  # d's pairwise masks
             sk = X25519PrivateKey.from_private_bytes(combine({idx[h]: got[h][f"{d}"] for h in got}))
@@ -242,24 +323,48 @@ class Server:
 
 class Round:
     """The engine's side of one round: phases 0-1 at the start (before training), each client's masked
-    input after its training (instead of its plain upload), phase 3 and the aggregate at the end."""
+    input after its training (instead of its plain upload), phase 3 and the aggregate at the end.
+    `call` carries the phases to the clients (None: in-process clients, held here)."""
 
-    def __init__(self, U: list[int], threshold: int = 0):
-        self.server = Server(U, threshold)
-        self.clients = {i: Client(i) for i in self.server.U}
-        roster = self.server.roster({i: c.keys() for i, c in self.clients.items()})
-        inbox = self.server.route({i: c.shares(roster, self.server.U, self.server.t) for i, c in self.clients.items()})
-        for i, c in self.clients.items():
-            c.receive(inbox[i])
-        self.names, self.shapes, self.masked = None, None, {}
+    def __init__(self, U: list[int], threshold: int = 0, call=None):
+        if call is None:
+            self.clients = {i: Client(i) for i in U}
+            call = self._local
+        self.call, self.masked, self.spent = call, {}, {}
+        self.failed, U = "", sorted(U)
+        while True:                  # a client that drops during the setup is left out; the rest start again
+            keys = self.call("keys", {i: b"" for i in U})
+            self.server = server = Server(sorted(keys), threshold)
+            if not server.U or len(server.U) < server.t:
+                self.failed = f"secagg: {len(server.U)} of {len(U)} clients sent keys, fewer than the threshold {server.t}"
+                break
+            roster = server.roster(keys)
+            ok = set(shares := self.call("shares", {i: roster for i in server.U}))
+            if ok == set(server.U):
+                ok = set(self.call("inbox", server.route(shares)))
+                if ok == set(server.U):
+                    break
+            self._spend(server)          # strictly fewer clients each time: the loop ends
+            U = sorted(ok)
+        self.members = server.U if not self.failed else []
+
+    def _local(self, phase: str, requests: dict[int, bytes]) -> dict[int, bytes]:
+        c = self.clients
+        if phase == "keys":                                # every setup attempt: fresh keys
+            c.update({i: Client(i) for i in requests})
+        do = {"keys": lambda i, b: c[i].keys(), "shares": lambda i, b: c[i].shares(b),
+              "inbox": lambda i, b: c[i].receive(b) or b"", "unmask": lambda i, b: c[i].unmask(b)}[phase]
+        return {i: do(i, b) for i, b in requests.items()}
+
+    def _spend(self, server: Server) -> None:             # the bytes of a setup that started again
+        for j, b in server.bytes.items():
+            s = self.spent.setdefault(j, {"up": 0, "down": 0})
+            s["up"] += b["up"]
+            s["down"] += b["down"]
 
     def mask(self, cid: int, upload: bytes, method, up_schema) -> bytes:
-        """Client side: its own plain upload -> the masked message that replaces it."""
-        f = _dec(upload, up_schema, kind=f"{method.name}/up")
-        n = int(f.pop("_n"))
-        names = [k for k, v in f.items() if torch.is_tensor(v) and v.is_floating_point()]
-        self.names, self.shapes = names, {k: tuple(f[k].shape) for k in names}
-        msg = self.clients[cid].masked(to_fixed(f, names, n))
+        """Client side, in-process: its own plain upload -> the masked message that replaces it."""
+        msg = self.clients[cid].mask_upload(upload, up_schema, kind=f"{method.name}/up")
         self.masked[cid] = msg
         return msg
 
@@ -267,18 +372,23 @@ class Round:
         """Server side: unmask the survivors' sum; the method aggregates it as one upload holding their
         example-weighted mean (what FedAvg's weighted mean of their uploads is)."""
         if not self.masked:
-            return method.after_round(state, rnd, [], sampled), {"accepted": 0, "rejected": [], "failed": "no masked input"}
-        dim = sum(math.prod(s) for s in self.shapes.values()) + 1
-        total = self.server.unmask(self.masked, dim, lambda i, req: self.clients[i].unmask(req))
+            return method.after_round(state, rnd, [], sampled), {"accepted": 0, "rejected": [],
+                                                                 "failed": self.failed or "no masked input"}
+        from lightfed.engine.protocol import up_schema
+        names, shapes = layout(up_schema(method))
+        dim = sum(math.prod(s) for s in shapes.values()) + 1
+        req = self.server.unmask_request(self.masked, dim)
+        total = None if req is None else self.server.unmask_finish(self.call("unmask", {i: req for i in self.server.alive}))
         if total is None:
             return method.after_round(state, rnd, [], sampled), {
                 "accepted": 0, "rejected": [], "failed": f"secagg: fewer than {self.server.t} survivors; global state kept"}
-        mean, n = from_fixed(total, self.names, self.shapes)
+        mean, n = from_fixed(total, names, shapes)
         alive = sorted(self.masked)
         return method.after_round(method.aggregate(state, [(mean, float(n))], rnd), rnd, alive, sampled), \
             {"accepted": len(alive), "rejected": [], "secagg": {"threshold": self.server.t, "survivors": alive}}
 
     def overhead(self, cid: int) -> dict:
-        """The protocol's bytes for this client, beyond the masked input that replaced its upload."""
-        b = self.server.bytes[cid]
-        return {"up": b["up"] - len(self.masked.get(cid, b"")), "down": b["down"]}
+        """The protocol's bytes for this client (every setup attempt), beyond the masked input that replaced its upload."""
+        b = self.server.bytes.get(cid, {"up": 0, "down": 0})
+        s = self.spent.get(cid, {"up": 0, "down": 0})
+        return {"up": b["up"] + s["up"] - len(self.masked.get(cid, b"")), "down": b["down"] + s["down"]}

@@ -62,6 +62,7 @@ META = "lightfed-meta"                 # round, client id, config digest (apart:
                                        # same object for every client, which Flower stores and ships once)
 RESUME_KEY = "lightfed-resume"         # run config: true = continue the run in lightfed-out from its checkpoint
 STATE_REC = "lightfed-client-state"    # Context.state record holding a client's ClientContext.state
+SECAGG_REC = "lightfed-secagg"         # Context.state record holding a client's secure-aggregation secrets (this round)
 FAULTS_ENV = "LIGHTFED_FLOWER_FAULTS"  # e.g. "raise@1:2,sleep@2:0:30,exit@1:3" (kind@round:client[:seconds])
 SAFE_ENV = {                           # see docs/flower.md: offline, loopback only, nothing pulled at run time
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -101,13 +102,14 @@ class Options:
 
 
 def options(cfg: C.RunConfig) -> Options:
-    if cfg.secagg:
-        raise C.ConfigError("secagg runs in the in-process engine for now (Flower's SecAgg+ workflow carries "
-                            "ArrayRecords, not lightfed's messages)")
     if cfg.dropout or cfg.straggle:
         raise C.ConfigError("dropout / straggle simulate faults in the in-process engine; on Flower faults are real "
                             "(a client that fails or misses engine_options.round_timeout is dropped)")
-    return C.check_options("engine", "flower", Options, cfg.engine_options)
+    o = C.check_options("engine", "flower", Options, cfg.engine_options)
+    if cfg.secagg and o.node_worker:
+        raise C.ConfigError("secagg with engine_options.node_worker: not supported yet (the node worker trains; "
+                            "the masking would need the client-app process to load torch)")
+    return o
 
 
 # --- the config on the wire ---------------------------------------------------------------------
@@ -296,7 +298,27 @@ def _partition_id(context: Context) -> int | None:
     return None if v is None else int(v)
 
 
+def client_secagg(msg: Message, context: Context) -> Message:
+    """One phase of secure aggregation (secagg.py) on this client: its secrets stay in the node's Context."""
+    from lightfed import secagg
+    meta = msg.content[META]
+    rnd, cid, phase = int(meta["round"]), int(meta["cid"]), str(meta["secagg"])
+    pid = _partition_id(context)
+    if pid is not None and pid != cid:
+        raise RuntimeError(f"secagg message for client {cid} reached the node of partition-id {pid}")
+    held = context.state.get(SECAGG_REC) if SECAGG_REC in context.state else None
+    mine = held["held"] if held is not None and int(held["round"]) == rnd and int(held["cid"]) == cid else None
+    if phase != "keys" and mine is None:
+        raise RuntimeError(f"secagg: client {cid} holds no keys for round {rnd}")
+    reply, now = secagg.step(cid, phase, msg.content[REC]["req"], mine)
+    context.state[SECAGG_REC] = ConfigRecord({"round": rnd, "cid": cid, "held": now})
+    return Message(RecordDict({REC: ConfigRecord({"reply": reply}), META: ConfigRecord({"round": rnd, "cid": cid})}),
+                   reply_to=msg)
+
+
 def client_query(msg: Message, context: Context) -> Message:
+    if META in msg.content and "secagg" in msg.content[META]:
+        return client_secagg(msg, context)
     cfg = None
     with contextlib.suppress(Exception):             # a query must answer even with no usable config
         cfg = config_from_run_config(context.run_config)
@@ -350,6 +372,8 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
         _store_client_state_blob(context, cid, state_blob, rnd, opts)
     else:
         up, state, stats, measure = train_core(cfg, rnd, cid, down, _load_client_state(context, cid, rnd, opts))
+        if cfg.secagg:                     # the masked input replaces the plain upload (secagg.py)
+            up = _mask(cfg, opts, context, rnd, cid, up)
         _inject(faults, rnd, cid)
         _save_client_state(context, cid, state, rnd, opts)
     content = pack_stats(stats)
@@ -357,6 +381,16 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
     content[META] = ConfigRecord({"round": rnd, "cid": cid})
     content["measure"] = MetricRecord(measure)
     return Message(content, reply_to=msg)
+
+
+def _mask(cfg, opts, context: Context, rnd: int, cid: int, up: bytes) -> bytes:
+    from lightfed import secagg
+    from lightfed.engine import protocol as P
+    held = context.state.get(SECAGG_REC) if SECAGG_REC in context.state else None
+    if held is None or int(held["round"]) != rnd or int(held["cid"]) != cid:
+        raise RuntimeError(f"secagg: client {cid} took no part in round {rnd}'s setup")
+    method = _setup(cfg, opts).method
+    return secagg.Client.restore(cid, held["held"]).mask_upload(up, P.up_schema(method), kind=f"{method.name}/up")
 
 
 # --- the server side ---------------------------------------------------------------------------
@@ -395,6 +429,30 @@ def discover(grid: Grid, cfg: C.RunConfig, opts: Options, known: dict, log) -> d
         time.sleep(0.5)
 
 
+def _secagg_call(grid: Grid, nodes: dict[int, int], rnd: int, key: str, opts: Options):
+    """secagg.Round's transport: one exchange of QUERY messages per phase; a missing reply is a dropped client."""
+    def call(phase: str, requests: dict[int, bytes]) -> dict[int, bytes]:
+        msgs = [Message(RecordDict({REC: ConfigRecord({"req": req}),
+                                    META: ConfigRecord({"round": rnd, "cid": cid, "config": key, "secagg": phase})}),
+                        dst_node_id=nodes[cid], message_type=MessageType.QUERY, group_id=f"{rnd}-secagg-{phase}")
+                for cid, req in requests.items() if cid in nodes]
+        replies = list(grid.send_and_receive(msgs, timeout=opts.round_timeout or None))
+        sent = {m.metadata.message_id: cid for m, cid in zip(msgs, [c for c in requests if c in nodes])}   # ids: set when sent
+        out = {}
+        for r in replies:
+            cid = sent.get(r.metadata.reply_to_message_id)
+            if cid is None:
+                continue
+            if r.has_error():
+                errors[cid] = f"secagg {phase}: {_error_text(r)}"
+            elif int(r.content[META]["cid"]) == cid and int(r.content[META]["round"]) == rnd:
+                out[cid] = r.content[REC]["reply"]
+        return out
+    errors: dict[int, str] = {}          # why a client left the setup (reported as its drop)
+    call.errors = errors
+    return call
+
+
 def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=print, resume: bool = False,
           stop_after: int | None = None) -> dict:
     """The whole run on the server side: local.run's loop with Flower carrying the bytes.
@@ -406,6 +464,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     from lightfed.engine import local
     from lightfed.engine import protocol as P
     from flwr.supercore.inflatable.inflatable_object import no_object_id_recompute
+    from lightfed import secagg
     from lightfed.measure import Clock
 
     local.check(cfg)
@@ -449,12 +508,21 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
         if any(c not in nodes for c in sampled):              # a node may have (re)connected since
             nodes = discover(grid, cfg, Options(**{**opts.__dict__, "node_wait": 0.0}), known, log)
             by_node = {n: c for c, n in nodes.items()}
+        sec = None
+        if cfg.secagg:                          # keys and shares go round before anyone trains (secagg.py)
+            with clock("secagg"):
+                sec = secagg.Round([c for c in sampled if c in nodes], cfg.secagg_threshold,
+                                   call=_secagg_call(grid, nodes, rnd, key, opts))
         with clock("messages"), no_object_id_recompute():   # building them, and measuring Flower's envelope
             dropped, msgs, env_down, sizes = [], [], {}, {}
             down_recs = {}
             for cid in sampled:
                 if cid not in nodes:
                     dropped.append({"id": cid, "down": 0, "error": "no SuperNode with this partition-id"})
+                    continue
+                if sec is not None and cid not in sec.members:
+                    dropped.append({"id": cid, "down": 0, "error": sec.call.errors.get(cid) or sec.failed
+                                    or "secagg: no reply during the setup"})
                     continue
                 down = downs[cid]
                 rec_d = down_recs.setdefault(id(down), ConfigRecord({"down": down}))   # shared when the bytes are
@@ -498,8 +566,10 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
                 rec["clients"].append(c)
                 bar.update(1)
         rec["dropped"] = sorted(dropped, key=lambda d: d["id"])          # close_round logs them
+        if sec is not None:
+            sec.masked = dict(uploads)
         # client states live on the clients: the server checkpoints none
-        state = local.close_round(S, state, uploads, rnd, rec, clock, history, {}, out, bar, log)
+        state = local.close_round(S, state, uploads, rnd, rec, clock, history, {}, out, bar, log, sec)
         t = clock.total
         rec["time"] = {**t, "round": time.perf_counter() - t_round}
         # engine overhead: what is neither server, eval nor (visible) client work; clients run in parallel,
