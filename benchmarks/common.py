@@ -56,3 +56,16 @@ def write(name: str, data: dict, md: str) -> Path:
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1))
     (RESULTS / f"{name}.md").write_text(md)
     return RESULTS / f"{name}.md"
+
+
+def verdict(a: list[float], b: list[float], a_lower: bool) -> str:
+    """Is a below b (a_lower) or above it? "met" only with >= 3 seeds each whose ranges separate the
+    claimed way; "missed" where they separate the other way; else "inconclusive"."""
+    if len(a) < 3 or len(b) < 3:
+        return f"inconclusive (seeds: {len(a)} vs {len(b)}; a claim needs 3 each)"
+    lo_a, hi_a, lo_b, hi_b = min(a), max(a), min(b), max(b)
+    if (hi_a < lo_b) if a_lower else (lo_a > hi_b):
+        return "met"
+    if (lo_a > hi_b) if a_lower else (hi_a < lo_b):
+        return "missed"
+    return "inconclusive (the seeds' ranges overlap)"

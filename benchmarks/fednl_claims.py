@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, meta, run_grid, write  # noqa: E402
+from common import RESULTS, meta, run_grid, verdict, write  # noqa: E402
 
 WINDOW = 512            # attention window of the streaming setting (tokens)
 SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is the issue's full grid
@@ -255,19 +255,6 @@ def part_trivia(size, seeds, workers) -> dict:
 
 
 # --- report --------------------------------------------------------------------------------------
-def verdict(a: list[float], b: list[float], a_lower: bool) -> str:
-    """Is a below b (a_lower) or above it? "met" only with >= 3 seeds each whose ranges separate the
-    claimed way; "missed" where they separate the other way; else "inconclusive"."""
-    if len(a) < 3 or len(b) < 3:
-        return f"inconclusive (seeds: {len(a)} vs {len(b)}; a claim needs 3 each)"
-    lo_a, hi_a, lo_b, hi_b = min(a), max(a), min(b), max(b)
-    if (hi_a < lo_b) if a_lower else (lo_a > hi_b):
-        return "met"
-    if (lo_a > hi_b) if a_lower else (hi_a < lo_b):
-        return "missed"
-    return "inconclusive (the seeds' ranges overlap)"
-
-
 def by_method(trend: dict[str, float]) -> dict[str, list[float]]:
     """Trends grouped by model over seeds: 'austen FedNL s0, memory reset per chunk' -> 'FedNL, memory reset per chunk'."""
     out: dict[str, list[float]] = {}

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightfed import assets
 from lightfed.data import datasets as D
@@ -114,3 +115,16 @@ def test_smollm2_dir_loads():
     with torch.no_grad():
         loss = model(ids, labels=ids).loss
     assert loss.item() < 8  # a real model, not random weights (random: ln(49152) ~ 10.8)
+
+
+def test_the_random_backbone_ablation_is_minilms_real_architecture_with_random_weights():
+    """#11: the from-scratch ablation ran on the 2-layer test twin; it must be MiniLM's shape, not its weights."""
+    from lightfed.models import backbones
+    need(assets.minilm_dir)
+    real, rand = backbones.minilm(False, 0), backbones.minilm_random(0)
+    shapes = lambda m: {n: tuple(p.shape) for n, p in m.named_parameters()}  # noqa: E731
+    assert shapes(rand) == shapes(real) and sum(p.numel() for p in rand.parameters()) > 22_000_000
+    w = "encoder.layer.0.attention.self.query.weight"
+    assert not torch.allclose(dict(rand.named_parameters())[w], dict(real.named_parameters())[w])
+    again = backbones.minilm_random(0)
+    assert torch.equal(dict(again.named_parameters())[w], dict(rand.named_parameters())[w]), "seeded"

@@ -131,11 +131,10 @@ def sentiment(o: SentimentOptions, seed: int) -> Task:
     def encode(idx):
         return encode_texts(tok, [texts[i] for i in idx], labels[idx], o.max_len)
 
-    encoder = backbones.minilm(o.tiny or not o.pretrained, seed, o.model)
-    if not o.pretrained and not o.tiny:  # same shape as the real one, random weights
-        from transformers import BertModel
-        with seeded(seed):
-            encoder = BertModel(encoder.config, add_pooling_layer=False)
+    if not o.pretrained and not o.tiny:  # the real architecture (its config), random weights
+        encoder = backbones.minilm_random(seed, o.model)
+    else:
+        encoder = backbones.minilm(o.tiny, seed, o.model)
     with seeded(seed):
         model = backbones.TextClassifier(encoder, 2)
 

@@ -61,6 +61,15 @@ def minilm(tiny: bool, seed: int, path: str = "") -> nn.Module:
     return BertModel.from_pretrained(assets.minilm_dir(), add_pooling_layer=False, dtype=torch.float32)
 
 
+def minilm_random(seed: int, path: str = "") -> nn.Module:
+    """all-MiniLM-L6-v2's architecture (or the user's encoder's), from its config, with random weights."""
+    from transformers import AutoConfig, AutoModel
+
+    cfg = AutoConfig.from_pretrained(assets.user_model(path)[0] if path else assets.minilm_dir())
+    with seeded(seed):
+        return AutoModel.from_config(cfg, add_pooling_layer=False) if cfg.model_type == "bert" else AutoModel.from_config(cfg)
+
+
 def minilm_tokenizer(path: str = ""):
     from transformers import AutoTokenizer
 
