@@ -257,7 +257,8 @@ def markdown(res: dict) -> str:
         L.append("")
     if "fuzz_recheck" in res:
         f = res["fuzz_recheck"]
-        L += ["## Fuzzing again after the fixes: the kinds that crashed, and secure aggregation's receivers\n",
+        L += ["## Fuzzing again after the fixes: the kinds that crashed, secure aggregation's receivers (its roster now "
+              "carries U and t) and PowerSGD's messages (now with the shared factors)\n",
               f"Command: `{f.get('command', '')}`\n",
               "| kind | mutants | refused | naming the field | well-formed | crashes | state changes |", "|---|---|---|---|---|---|---|"]
         for k, c in f["kinds"].items():
