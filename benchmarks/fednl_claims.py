@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, meta, run_grid, verdict, write  # noqa: E402
 
 WINDOW = 512            # attention window of the streaming setting (tokens)
+FROM_RUNS = False       # --from-runs: run nothing, report the grid's finished runs
 SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is the full grid
     "smoke": {"lengths": [1024, 2048], "ce_tokens": 2048, "ce_bucket": 256, "austen": {"block_len": 512, "train_blocks": 12, "test_blocks": 6},
               "rounds": 1, "niah": {"lengths": "1024", "train_per_template": 2, "test_per_cell": 1, "train_len": 512},
@@ -144,7 +145,10 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
             if {k: s["config"].get(k) for k in c} == c:
                 done[label] = {**s, "label": label}
     todo = [x for x in g if x[0] not in done]
-    ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
+    if FROM_RUNS:                        # report what finished; the rest is listed, not run
+        ran = {l: {"label": l, "error": "not run: the grid was stopped at the session's time limit"} for l, _ in todo}
+    else:
+        ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
     return g, [done.get(l) or ran[l] for l, _ in g]
 
 
@@ -329,6 +333,10 @@ def markdown(res: dict) -> str:
         for name, r in res[part]["methods"].items():
             L.append(f"| {name} | {fmt(r['initial'])} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |")
         ms_ = res[part]["methods"]
+        missing = {n: len(r["errors"]) for n, r in ms_.items() if r.get("errors")}
+        if missing:
+            L += ["", "Runs missing (failed, or not run when the grid was stopped): " + "; ".join(
+                f"{n}: {k} of {k + len(ms_[n]['finals'])} ({ms_[n]['errors'][0][:120]})" for n, k in missing.items()) + "."]
         if part == "niah" and "FedNL" in ms_ and "FedALA" in ms_:
             L += ["", f"FedNL's NIAH mean above FedALA's: **{verdict(ms_['FedNL']['finals'], ms_['FedALA']['finals'], False)}**."]
         if part == "niah":
@@ -403,6 +411,8 @@ def main():
     ap.add_argument("--name", default="fednl_claims")
     ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
+    ap.add_argument("--from-runs", action="store_true", help="niah/trivia/ce: run nothing; report the grid's runs that "
+                    "finished (their summary.json) and list the others as not run (a grid stopped by a time limit)")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.render:
@@ -421,6 +431,8 @@ def main():
         if bad:
             raise SystemExit(f"--methods: unknown {bad}; labels: {[x[0] for x in METHODS]}")
         METHODS[:] = [m for m in METHODS if m[0] in keep]
+    global FROM_RUNS
+    FROM_RUNS = a.from_runs
     size, seeds = SIZES[a.size], [int(s) for s in a.seeds.split(",")]
     path = RESULTS / f"{a.name}.json"
     res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
