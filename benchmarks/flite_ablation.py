@@ -87,10 +87,14 @@ def finished(label: str, c: dict):
     return None
 
 
-def run(grid: list, workers: int) -> list[dict]:
+def run(grid: list, workers: int, from_runs: bool = False) -> list[dict]:
+    """Runs that finished with the same config are reused; from_runs: nothing runs, the rest are listed as not run."""
     done = {l: finished(l, c) for l, c in grid}
     todo = [(l, c) for l, c in grid if done[l] is None]
-    ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
+    if from_runs:
+        ran = {l: {"label": l, "error": "not run: the grid was stopped at the session's time limit"} for l, _ in todo}
+    else:
+        ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
     return [done[l] or ran[l] for l, _ in grid]
 
 
@@ -128,7 +132,9 @@ def render(res: dict) -> str:
     c = res["config"]
     L = [f"# FLITE's map, ablated on real MiniLM ({res['meta']['date']})\n",
          f"Command: `{res['meta']['command']}`  ",
-         f"{c['runs']} runs, {c['workers']} side by side, 1 torch thread each; wall {res['wall_s'] / 60:.1f} min.\n",
+         (f"Collected (--from-runs) from the runs of the grid that finished; they ran {c['workers']} at a time, 1 torch "
+          "thread each, on 2 cores shared with another benchmark.\n" if c.get("from_runs") else
+          f"{c['runs']} runs, {c['workers']} side by side, 1 torch thread each; wall {res['wall_s'] / 60:.1f} min.\n"),
          f"Setting: `{json.dumps({k: v for k, v in c['base'].items() if k != 'progress'})}`, {c['rounds']} rounds, seeds {c['seeds']}. "
          "Accuracy of the model the clients receive (after the codec); bytes = len() of the encoded messages per client per round.\n",
          "| variant | accuracy (mean ± std over seeds) | min / max | up B/client/round | x fewer than FedAvg fp32 | "
@@ -143,8 +149,13 @@ def render(res: dict) -> str:
             L.append(f"- The paper's from-scratch ablation (FLITE fails without a pretrained base): random-backbone FLITE "
                      f"{r['mean']:.4f} vs pretrained {next(x['mean'] for x in res['rows'] if x['label'] == 'FLITE r=20 int4'):.4f}: "
                      f"**{r['needs_pretrained']}** (FLITE below the pretrained run).")
-        if r["errors"]:
-            L.append(f"- {r['label']}: {len(r['errors'])} failed run(s): {r['errors'][0][:200]}")
+    missing = {}
+    for r in res["runs"]:
+        if r.get("error"):
+            missing.setdefault(r["label"].rsplit(" s", 1)[0], []).append(r["label"].rsplit(" s", 1)[1])
+    for label, ss in missing.items():
+        L.append(f"- {label}: seed(s) {', '.join(ss)} missing "
+                 f"({next(r['error'] for r in res['runs'] if r.get('error') and r['label'].startswith(label))[:120]}).")
     if res["probes"]:
         p = res["probes"]
         accs = ", ".join(f"{x['final']:.4f}" for x in p)
@@ -180,6 +191,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-free: labels separated by ';' (default: every variant)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
     a = ap.parse_args()
     name = "flite_ablation" + ("_quick" if a.quick else "")
     from common import RESULTS
@@ -193,11 +205,11 @@ def main() -> None:
         rounds = 1 if a.quick else a.rounds
         probes, grid = configs(rounds, seeds, a.quick, set(a.only.split(";")) if a.only else None)
         t = time.time()
-        ps = run(probes, a.workers)
-        ss = run(grid, a.workers)
-        res = {"meta": meta("python benchmarks/flite_ablation.py" + (" --quick" if a.quick else f" --rounds {a.rounds} --seeds {a.seeds}")),
+        ps = run(probes, a.workers, a.from_runs)
+        ss = run(grid, a.workers, a.from_runs)
+        res = {"meta": meta("python benchmarks/flite_ablation.py " + " ".join(sys.argv[1:])),
                "config": {"base": BASE if not a.quick else {**BASE, **QUICK}, "rounds": rounds, "seeds": seeds,
-                          "workers": a.workers, "runs": len(ps) + len(ss)},
+                          "workers": a.workers, "runs": len(ps) + len(ss), "from_runs": a.from_runs},
                "wall_s": time.time() - t, **summarize(ss, ps), "runs": [{k: s.get(k) for k in ("label", "final", "initial", "error", "out")} for s in ss]}
     md = render(res)
     plot(res, RESULTS / f"{name}.png")
