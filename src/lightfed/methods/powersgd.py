@@ -14,8 +14,10 @@ clients' messages is the message of the summed update, and the server's mean is 
             P^ <- orth(sum_k (n_k/n) P_k)  (= orth(M Q~_old): the power step, for next round)
     Vogels et al. run both halves of a step in one iteration with two all-reduces (P, then Q). A federated
     round has one exchange, so the two halves are pipelined across rounds: the left factor a round uses was
-    orthogonalised from the previous round's P shares (identical to the paper's step while M stays put; it
-    lags one round when M moves). P^ starts as seeded random orthonormal columns, Q~ as seeded normals.
+    orthogonalised from the previous round's P shares, M_{t-1} Q~_{t-2}. While M stays put this is the paper's
+    power iteration P^ <- orth(M M^T P^), run as two interleaved chains (each advances every other round) with the
+    same fixed point, M's top-r left subspace; when M moves, the subspace lags one round. P^ starts as seeded
+    random orthonormal columns, Q~ as seeded normals.
 
 factors = "own" (a labelled FL variant, not the paper's): each client runs one power step on its own M_k with
     its own warm start and sends its factors; the server averages the clients' rank-r products:
