@@ -201,13 +201,17 @@ class Client:
         return c
 
 
+    def answer(self, phase: str, request: bytes) -> bytes:
+        """Its reply to one setup or unmask phase (the transport's view of a client)."""
+        return {"keys": lambda: self.keys(), "shares": lambda: self.shares(request),
+                "inbox": lambda: self.receive(request) or b"", "unmask": lambda: self.unmask(request)}[phase]()
+
+
 def step(cid: int, phase: str, request: bytes, held: bytes | None) -> tuple[bytes, bytes]:
     """A client's side of one phase on an engine that keeps no objects between messages:
-    (phase, request, what it held) -> (reply, what to hold now)."""
+    (phase, request, what it held) -> (reply, what to hold now). Every "keys" phase starts with fresh keys."""
     c = Client(cid) if phase == "keys" else Client.restore(cid, held or b"")
-    reply = {"keys": lambda: c.keys(), "shares": lambda: c.shares(request),
-             "inbox": lambda: c.receive(request) or b"", "unmask": lambda: c.unmask(request)}[phase]()
-    return reply, c.dump()
+    return c.answer(phase, request), c.dump()
 
 
 def roster_schema(U):
@@ -328,7 +332,7 @@ class Round:
 
     def __init__(self, U: list[int], threshold: int = 0, call=None):
         if call is None:
-            self.clients = {i: Client(i) for i in U}
+            self.clients: dict[int, Client] = {}
             call = self._local
         self.call, self.masked, self.spent = call, {}, {}
         self.failed, U = "", sorted(U)
@@ -349,12 +353,9 @@ class Round:
         self.members = server.U if not self.failed else []
 
     def _local(self, phase: str, requests: dict[int, bytes]) -> dict[int, bytes]:
-        c = self.clients
         if phase == "keys":                                # every setup attempt: fresh keys
-            c.update({i: Client(i) for i in requests})
-        do = {"keys": lambda i, b: c[i].keys(), "shares": lambda i, b: c[i].shares(b),
-              "inbox": lambda i, b: c[i].receive(b) or b"", "unmask": lambda i, b: c[i].unmask(b)}[phase]
-        return {i: do(i, b) for i, b in requests.items()}
+            self.clients.update({i: Client(i) for i in requests})
+        return {i: self.clients[i].answer(phase, b) for i, b in requests.items()}
 
     def _spend(self, server: Server) -> None:             # the bytes of a setup that started again
         for j, b in server.bytes.items():
