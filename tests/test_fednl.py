@@ -161,16 +161,20 @@ def test_streaming_keeps_memory_flat_as_the_input_grows():
     rises, held = [], []
     for reps in (1, 8):
         ids = base.repeat(1, reps)
-        streaming.stream_nll(model, base, 64)                                     # warm-up allocations
-        with PeakRSS() as mem:
-            nll, nbytes = streaming.stream_nll(model, ids, 64)
-        assert nll.shape == (ids.shape[1] - 1,) and torch.isfinite(nll).all()
-        rises.append(mem.rise)
+        streaming.stream_nll(model, ids, 64)                                      # warm-up allocations
+        tries = []
+        for _ in range(3):     # RSS noise only adds (a freed block the heap kept, a page touched late): least of 3
+            with PeakRSS() as mem:
+                nll, nbytes = streaming.stream_nll(model, ids, 64)
+            assert nll.shape == (ids.shape[1] - 1,) and torch.isfinite(nll).all()
+            tries.append(mem.rise)
+        rises.append(None if None in tries else min(tries))
         held.append(nbytes)
     assert held[0] == held[1] > 0
     if rises[0] is not None:
         chunk_logits = 64 * model.config.vocab_size * 4      # the allocator may keep one more chunk's logits: a constant
-        assert rises[1] <= 1.1 * rises[0] + 8 * 2**20 + chunk_logits, rises
+        full_logits = 8 * 256 * model.config.vocab_size * 4  # what a model that kept the whole stream's logits would add
+        assert rises[1] <= 1.1 * rises[0] + 8 * 2**20 + chunk_logits < full_logits / 4, rises
     kv = [streaming.kv_nll(T.model, base.repeat(1, r), 64)[1] for r in (1, 8)]
     assert kv[1] == 8 * kv[0]
 

@@ -53,7 +53,7 @@ def stream_nll(model, ids: torch.Tensor, window: int, carry: bool = True) -> tup
             h = h if last is None else torch.cat([last, h])                                  # + previous chunk's last
             logp = model.lm_head(h[:-1]).float().log_softmax(-1)
             out.append(-logp.gather(1, ids[0, s + (last is None):e, None])[:, 0])
-            last = h[-1:]
+            last, logp = h[-1:], None                        # this chunk's logits go before the next chunk's come
         return torch.cat(out), st.nbytes()
 
 
