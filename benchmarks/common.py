@@ -45,6 +45,41 @@ def run_grid(grid: list[tuple[str, dict]], workers: int = 2) -> list[dict]:
         return pool.map(_run_one, grid, chunksize=1)
 
 
+def effective(s: dict, want: dict) -> dict:
+    """A finished run's config; for FLITE, the map options `want` names but the run left to the defaults of its
+    day are read from its method_info (r, head): runs made before FLITE's defaults moved (r 6 -> 20, head
+    orthogonal -> trainable) match the variant that now names those options explicitly."""
+    c = dict(s["config"])
+    info = s.get("method_info") or {}
+    if c.get("method") == "flite" and info.get("layers"):
+        ran = dict(c.get("method_options", {}))
+        eff = {"r": round((info["latent"] / info["layers"]) ** 0.5), "head": info.get("head")}
+        c["method_options"] = {**{k: v for k, v in eff.items() if k in want.get("method_options", {})}, **ran}
+    return c
+
+
+def finished(label: str, c: dict) -> dict | None:
+    """The summary of a run already made with config c (in c["out"]), or None."""
+    p = Path(c["out"]) / "summary.json"
+    if p.exists():
+        s = json.loads(p.read_text())
+        ran = effective(s, c)
+        if {k: ran.get(k) for k in c if k != "progress"} == {k: v for k, v in c.items() if k != "progress"}:
+            return {**s, "label": label}
+    return None
+
+
+def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False) -> list[dict]:
+    """Runs that finished with the same config are reused; from_runs: nothing runs, the rest are listed as not run."""
+    done = {label: finished(label, c) for label, c in grid}
+    todo = [(label, c) for label, c in grid if done[label] is None]
+    if from_runs:
+        ran = {label: {"label": label, "error": "not run: the grid was stopped at the session's time limit"} for label, _ in todo}
+    else:
+        ran = dict(zip([label for label, _ in todo], run_grid(todo, workers))) if todo else {}
+    return [done[label] or ran[label] for label, _ in grid]
+
+
 def meta(command: str, **extra) -> dict:
     import torch
     return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,

@@ -31,19 +31,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import meta, run_grid, verdict, write  # noqa: E402
+from common import meta, reuse_or_run, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
 
 BASE = {"task": "sentiment", "clients": 10, "fraction": 0.5, "batch_size": 16, "lr": 5e-5, "local_epochs": 1.0,
         "partition": "iid", "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}, "progress": False}
 QUICK = {"task_options": {"train_size": 80, "test_size": 40, "max_len": 16}}
-R20 = {"codec": "int4", "r": 20}
+R20 = {"codec": "int4", "r": 20, "head": "orthogonal"}      # every map option explicit: FLITE's defaults moved
 # (label, method, method options, extra: task_options / probe)
 VARIANTS = [
     ("FedAvg fp32", "fedavg", {}, {}),
-    ("FLITE r=6 int4 (the paper's map)", "flite", {"codec": "int4"}, {}),
-    ("FLITE r=7 fp32 (~ r=20 int4's bytes)", "flite", {"codec": "fp32", "r": 7}, {}),
+    ("FLITE r=6 int4 (the paper's map)", "flite", {"codec": "int4", "r": 6, "head": "orthogonal"}, {}),
+    ("FLITE r=7 fp32 (~ r=20 int4's bytes)", "flite", {"codec": "fp32", "r": 7, "head": "orthogonal"}, {}),
     ("FLITE r=20 int4", "flite", R20, {}),
     ("FLITE r=20 int4, basis=svd", "flite", {**R20, "basis": "svd"}, {}),
     ("FLITE r=20 int4, scale=weight", "flite", {**R20, "scale": "weight"}, {}),
@@ -76,26 +76,6 @@ def configs(rounds: int, seeds: list[int], quick: bool, only: set | None) -> tup
                     probes.append((f"probe s{seed}", {**base, "method": "probe", "rounds": 1, "out": probe_out}))
             grid.append((f"{label} s{seed}", c))
     return probes, grid
-
-
-def finished(label: str, c: dict):
-    p = Path(c["out"]) / "summary.json"
-    if p.exists():
-        s = json.loads(p.read_text())
-        if {k: s["config"].get(k) for k in c if k not in ("progress",)} == {k: v for k, v in c.items() if k != "progress"}:
-            return {**s, "label": label}
-    return None
-
-
-def run(grid: list, workers: int, from_runs: bool = False) -> list[dict]:
-    """Runs that finished with the same config are reused; from_runs: nothing runs, the rest are listed as not run."""
-    done = {l: finished(l, c) for l, c in grid}
-    todo = [(l, c) for l, c in grid if done[l] is None]
-    if from_runs:
-        ran = {l: {"label": l, "error": "not run: the grid was stopped at the session's time limit"} for l, _ in todo}
-    else:
-        ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
-    return [done[l] or ran[l] for l, _ in grid]
 
 
 def summarize(summaries: list[dict], probes: list[dict]) -> dict:
@@ -205,8 +185,8 @@ def main() -> None:
         rounds = 1 if a.quick else a.rounds
         probes, grid = configs(rounds, seeds, a.quick, set(a.only.split(";")) if a.only else None)
         t = time.time()
-        ps = run(probes, a.workers, a.from_runs)
-        ss = run(grid, a.workers, a.from_runs)
+        ps = reuse_or_run(probes, a.workers, a.from_runs)
+        ss = reuse_or_run(grid, a.workers, a.from_runs)
         res = {"meta": meta("python benchmarks/flite_ablation.py " + " ".join(sys.argv[1:])),
                "config": {"base": BASE if not a.quick else {**BASE, **QUICK}, "rounds": rounds, "seeds": seeds,
                           "workers": a.workers, "runs": len(ps) + len(ss), "from_runs": a.from_runs},

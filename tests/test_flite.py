@@ -199,15 +199,18 @@ def test_averaging_latents_is_averaging_weights_with_derived_maps(opts):
 
 
 # --- the method -----------------------------------------------------------------------------------
-def flite(**opts):
+PAPER = {"r": 6, "head": "orthogonal"}       # the paper's map (lightfed's default: r = 20, the head trained and sent)
+
+
+def flite(defaults=PAPER, **opts):
     T = tiny_task("fmnist")
-    cfg = tiny_config("fmnist", "flite", method_options={"seed": SEED, **opts})
+    cfg = tiny_config("fmnist", "flite", method_options={"seed": SEED, **defaults, **opts})
     m = methods.build(cfg)
     return T, cfg, m, m.prepare(copy.deepcopy(T.model))
 
 
-def test_head_is_frozen_orthogonal_and_off_the_wire():
-    T, cfg, m, model = flite(codec="int4")
+def test_the_paper_head_is_frozen_orthogonal_and_off_the_wire():
+    T, cfg, m, model = flite(codec="int4", head="orthogonal")
     assert set(m.up_schema()) == set(m.down_schema()) == {"z"}
     K = model.z.numel()
     assert m.up_schema()["z"] == Spec("tensor", (K,), "int4")
@@ -216,10 +219,11 @@ def test_head_is_frozen_orthogonal_and_off_the_wire():
     W = model.head.weight                                                         # (10, 16): orthonormal rows
     assert not W.requires_grad and torch.allclose(W @ W.t(), torch.eye(10), atol=1e-5)
     assert torch.equal(model.head.bias, torch.zeros(10))
-    _, _, _, again = flite()
+    _, _, _, again = flite(head="orthogonal")
     assert torch.equal(again.head.weight, W), "the head is regenerated from the factor seed"
-    _, _, mt, _ = flite(head="trainable")
+    _, _, mt, _ = flite(defaults={})                                              # lightfed's default: trained, sent
     assert set(mt.up_schema()) == {"z", "head.weight", "head.bias"}
+    assert mt.opts.r == 20 and mt.up_schema()["z"].codec == "int4"
 
 
 @pytest.mark.parametrize("codec", ["int4", "int8"])
@@ -295,6 +299,8 @@ def test_setup_and_summary_report_the_latent_and_the_one_time_cost(tmp_path):
     s = local.run(tiny_config("sentiment", "flite", tmp_path, rounds=1), log=lambda *a: None)
     setup = json.loads((tmp_path / "setup.json").read_text())["method"]
     assert setup == s["method_info"]
-    assert setup["latent"] == s["trainable_params"] and 0 < setup["live"] <= setup["latent"]
+    head = sum(p.numel() for p in tiny_task("sentiment").model.head.parameters())     # the default: trained, sent
+    assert setup["head"] == "trainable" and setup["latent"] + head == s["trainable_params"]
+    assert 0 < setup["live"] <= setup["latent"]
     assert setup["factor_bytes"] > 0 and setup["one_time"]["factor_seed_bytes"] == 8
     assert setup["one_time"]["pretrained_bytes_held_by_every_party"] >= 4 * (s["model_params"] - setup["latent"])
