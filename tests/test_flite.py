@@ -304,3 +304,27 @@ def test_setup_and_summary_report_the_latent_and_the_one_time_cost(tmp_path):
     assert 0 < setup["live"] <= setup["latent"]
     assert setup["factor_bytes"] > 0 and setup["one_time"]["factor_seed_bytes"] == 8
     assert setup["one_time"]["pretrained_bytes_held_by_every_party"] >= 4 * (s["model_params"] - setup["latent"])
+
+
+def test_the_engine_s_mean_of_latents_is_fedavg_of_the_generated_weights(tmp_path):
+    """One round, two clients, through the in-process engine: the new global z is the n_k-weighted mean of
+    the two uploads, and the weights it generates are FedAvg of the weights each client's z generates."""
+    from lightfed.engine import local
+    from lightfed.engine import protocol as P
+    cfg = tiny_config("sentiment", "flite", tmp_path, clients=2, fraction=1.0, rounds=1,
+                      method_options={"codec": "fp32"}, partition="dirichlet:0.5")   # unequal n_k
+    ups = {}
+    local.run(cfg, tamper=lambda rnd, cid, up: ups.setdefault(cid, up), log=lambda *a: None)
+    S = local.build(cfg)
+    got = [decode(ups[c], P.up_schema(S.method), kind="flite/up", max_bytes=10**7) for c in sorted(ups)]
+    n = torch.tensor([float(f.pop(P.SAMPLES)) for f in got], dtype=torch.float64)
+    assert len(got) == 2 and n[0] != n[1] and not torch.equal(got[0]["z"], got[1]["z"])
+    _, state, _, _ = local.load_checkpoint(tmp_path)
+    w = n / n.sum()
+    for k in state:                                          # z, and the trained head (FedAvg's mean too)
+        mean = sum(wk * f[k].double() for wk, f in zip(w, got))
+        assert torch.allclose(state[k].double(), mean, atol=1e-6), k
+    model = S.model
+    each = [latent.materialize(model, f["z"].double(), torch.float64) for f in got]
+    new = latent.materialize(model, state["z"].double(), torch.float64)
+    assert new and all(torch.allclose(new[k], sum(wk * e[k] for wk, e in zip(w, each)), atol=1e-6) for k in new)

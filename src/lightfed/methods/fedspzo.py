@@ -110,13 +110,13 @@ class FedSPZO(mezo.MeZO):
             s1 = zo.derive(round_seed, k, 1, a)
             side = []
             for i, sign in enumerate((1.0, -1.0)):
-                with zo.perturbed(model, th1, s1, sign * o.eps, self.owner_map, self.fast):
+                with self.perturb(model, th1, s1, sign * o.eps):
                     y = sp.f1(batch)
                     ls = []
                     for q in range(o.Ps):
                         j = (2 * a + i) * o.Ps + q
                         g, lp, lm = zo.two_point(lambda: sp.f2_loss(y, batch), model, th2,
-                                                 zo.derive(round_seed, k, 2, j), o.eps, self.owner_map, self.fast)
+                                                 zo.derive(round_seed, k, 2, j), o.eps, self.owner_map, self.fast, self.in_place)
                         g2[j] = zo.f32(g)
                         ls += [lp, lm]
                     del y
@@ -131,13 +131,13 @@ class FedSPZO(mezo.MeZO):
         g1, g2, losses = [], [], []
         for a in range(o.P1):                 # theta1 alone, through the whole model
             g, lp, lm = zo.two_point(lambda: sp.f2_loss(sp.f1(batch), batch), model, th1,
-                                     zo.derive(round_seed, k, 1, a), o.eps, self.owner_map, self.fast)
+                                     zo.derive(round_seed, k, 1, a), o.eps, self.owner_map, self.fast, self.in_place)
             g1.append(zo.f32(g))
             losses += [lp, lm]
         y = sp.f1(batch)                       # theta2 alone, on the unperturbed boundary
         for j in range(2 * o.P1 * o.Ps):
             g, lp, lm = zo.two_point(lambda: sp.f2_loss(y, batch), model, th2,
-                                     zo.derive(round_seed, k, 2, j), o.eps, self.owner_map, self.fast)
+                                     zo.derive(round_seed, k, 2, j), o.eps, self.owner_map, self.fast, self.in_place)
             g2.append(zo.f32(g))
             losses += [lp, lm]
         return {"g1": g1, "g2": g2}, losses, {"f1": 2 * o.P1 + 1, "f2": 2 * o.P1 + 4 * o.P1 * o.Ps}

@@ -85,6 +85,13 @@ class MeZO(Method):
     Options = Options
     TAG = 0x4D655A4F            # mixes the round seed, so two ZO methods never share directions
     average_scalars = False     # True (DeComFL): the new model is the replay of the mean scalars
+    in_place = False            # perturb by hooks on the owners (nothing written); True: in place (ZO-FLITE's z)
+
+    def perturb(self, model, params, seed, scale):
+        """The context a perturbed forward runs in: zo.perturbed (weights), or zo.shifted (small blocks, views)."""
+        if self.in_place:
+            return zo.shifted(params, seed, scale, self.fast)
+        return zo.perturbed(model, params, seed, scale, self.owner_map, self.fast)
 
     # --- what a subclass changes -----------------------------------------------------------------
     def blocks(self) -> dict[str, list[str]]:
@@ -116,7 +123,7 @@ class MeZO(Method):
         row, losses = [], []
         for p in range(self.opts.P):
             g, lp, lm = zo.two_point(lambda: loss(model, batch), model, params, zo.derive(round_seed, k, 0, p),
-                                     self.opts.eps, self.owner_map, self.fast)
+                                     self.opts.eps, self.owner_map, self.fast, self.in_place)
             row.append(zo.f32(g))
             losses += [lp, lm]
         return {"g": row}, losses, {"fwd": 2 * self.opts.P}

@@ -150,14 +150,45 @@ class perturbed:
         return False
 
 
+class shifted:
+    """with shifted(params, seed, scale): loss = ...   evaluates at theta + scale * z(seed) by writing it IN
+    PLACE, and copies the saved originals back on exit (bit-exact: a copy, not arithmetic).
+
+    For small blocks read through a tensor that no module owns at call time: FLITE's latent z lives on the
+    model root and every latent layer reads its slice z[lo:hi] in its own forward, so `params` may be views
+    (slices) of z, and FedSPZO's f2, which calls the last layers without the root's forward, still sees the
+    shift. Memory: a copy of the block (K floats), not of any weight."""
+
+    def __init__(self, params: Params, seed: int, scale: float, fast: bool = False):
+        self.params, self.seed, self.scale, self.fast = params, seed, float(scale), fast
+
+    def __enter__(self):
+        self._grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        self.saved = [p.detach().clone() for p in self.params.values()]
+        for i, p in enumerate(self.params.values()):
+            p.add_(_z_like(self.seed, i, p, self.fast).mul_(self.scale))
+        return self
+
+    def __exit__(self, *exc):
+        for p, keep in zip(self.params.values(), self.saved):
+            p.copy_(keep)
+        self.saved = []
+        torch.set_grad_enabled(self._grad)
+        return False
+
+
 @torch.no_grad()
 def two_point(loss: Callable[[], torch.Tensor], model: nn.Module, params: Params, seed: int, eps: float,
-              owner_map=None, fast: bool = False) -> tuple[float, float, float]:
+              owner_map=None, fast: bool = False, in_place: bool = False) -> tuple[float, float, float]:
     """Central estimate of the directional derivative along z(seed):
-    g = (L(theta + eps z) - L(theta - eps z)) / (2 eps).   Returns (g, L+, L-) as Python floats."""
-    with perturbed(model, params, seed, +eps, owner_map, fast):
+    g = (L(theta + eps z) - L(theta - eps z)) / (2 eps).   Returns (g, L+, L-) as Python floats.
+    in_place: through `shifted` (small blocks, views of FLITE's z) instead of `perturbed`'s hooks."""
+    def at(scale):
+        return shifted(params, seed, scale, fast) if in_place else perturbed(model, params, seed, scale, owner_map, fast)
+    with at(+eps):
         lp = loss().double().item()
-    with perturbed(model, params, seed, -eps, owner_map, fast):
+    with at(-eps):
         lm = loss().double().item()
     return (lp - lm) / (2 * eps), lp, lm
 
