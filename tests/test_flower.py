@@ -1,4 +1,4 @@
-"""The Flower engine (engine/flower_app.py): the same bytes and the same result as the in-process engine.
+"""The Flower engine (engine/flower_app.py, engine/flower/): the same bytes and the same result as the in-process engine.
 
 The equality holds for the same config, seed and torch thread count: CPU kernels may add up in another
 order with another number of threads. These tests run both engines with 1 thread.
@@ -23,6 +23,7 @@ pytest.importorskip("flwr", reason="Flower not installed (pip install -e '.[flow
 from flwr.app import ConfigRecord, MetricRecord, RecordDict  # noqa: E402
 
 from lightfed.engine import flower_app as F  # noqa: E402
+from lightfed.engine.flower import client as FC, config as FK, faults as FF, records as FR  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 quiet = lambda *a: None  # noqa: E731
@@ -47,11 +48,11 @@ def test_stats_travel_as_numbers_and_come_back_equal():
     stats = {"steps": 2, "samples": 16, "train_loss": 0.6233682334423065, "flops": 28317696.0,
              "memory_accounted": {"params": 4049672, "grads": 4041480}, "forwards_per_step": {"f1": 2, "f2": 8},
              "maybe": None, "note": "text", "a.b": 1, "per_step": [0.5, 0.25]}
-    rd = F.pack_stats(stats)
+    rd = FR.pack_stats(stats)
     assert all(isinstance(v, (int, float, list)) for v in rd["stats"].values())
     # through Flower's own serialization, as on the wire
     rd2 = RecordDict({k: type(v).inflate(v.deflate()) for k, v in rd.items()})
-    assert F.unpack_stats(rd2) == stats
+    assert FR.unpack_stats(rd2) == stats
 
 
 def test_lightfed_bytes_survive_flower_records_exactly():
@@ -67,29 +68,29 @@ def test_lightfed_bytes_survive_flower_records_exactly():
 def test_run_config_carries_the_whole_config():
     cfg = tiny_config("fmnist", "fedprox", method_options={"mu": 0.1}, engine_options={"round_timeout": 30.0})
     import tomllib
-    rc = tomllib.loads(F.run_config_toml(cfg, "/tmp/x"))
-    back = F.config_from_run_config(rc)
-    assert back.to_dict() == cfg.to_dict() and rc[F.OUT_KEY] == "/tmp/x"
+    rc = tomllib.loads(FK.run_config_toml(cfg, "/tmp/x"))
+    back = FK.config_from_run_config(rc)
+    assert back.to_dict() == cfg.to_dict() and rc[FK.OUT_KEY] == "/tmp/x"
     other = C.from_dict({"out": "elsewhere", "progress": True}, cfg)
-    assert F.digest(other) == F.digest(cfg), "where results go does not change what clients compute"
-    assert F.digest(C.from_dict({"seed": 1}, cfg)) != F.digest(cfg)
-    with pytest.raises(C.ConfigError, match=F.RUN_CONFIG_KEY):
-        F.config_from_run_config({F.RUN_CONFIG_KEY: ""})
+    assert FK.digest(other) == FK.digest(cfg), "where results go does not change what clients compute"
+    assert FK.digest(C.from_dict({"seed": 1}, cfg)) != FK.digest(cfg)
+    with pytest.raises(C.ConfigError, match=FK.RUN_CONFIG_KEY):
+        FK.config_from_run_config({FK.RUN_CONFIG_KEY: ""})
 
 
 @pytest.mark.parametrize("opts, msg", [({"client_threads": 0}, "client_threads"), ({"nope": 1}, "no option 'nope'"),
                                        ({"round_timeout": -1.0}, "round_timeout"), ({"client_cpus": 0.0}, "client_cpus")])
 def test_engine_options_are_checked(opts, msg):
     with pytest.raises(C.ConfigError, match=msg):
-        F.options(tiny_config(engine_options=opts))
+        FK.options(tiny_config(engine_options=opts))
 
 
 def test_faults_parse():
-    assert F.parse_faults("raise@1:2, sleep@2:0:30,exit@3:1") == (
-        F.Fault("raise", 1, 2), F.Fault("sleep", 2, 0, 30.0), F.Fault("exit", 3, 1))
-    assert F.parse_faults("") == ()
+    assert FF.parse_faults("raise@1:2, sleep@2:0:30,exit@3:1") == (
+        FF.Fault("raise", 1, 2), FF.Fault("sleep", 2, 0, 30.0), FF.Fault("exit", 3, 1))
+    assert FF.parse_faults("") == ()
     with pytest.raises(ValueError):
-        F.parse_faults("melt@1:1")
+        FF.parse_faults("melt@1:1")
 
 
 def test_cli_engine_flag(tmp_path):
@@ -103,7 +104,7 @@ def test_run_config_command_writes_a_flwr_run_config(tmp_path):
                         "--set", "method=lora", "--task-opt", "tiny=true", "--out", str(tmp_path)],
                        capture_output=True, text=True, check=True)
     import tomllib
-    cfg = F.config_from_run_config(tomllib.loads(p.stdout))
+    cfg = FK.config_from_run_config(tomllib.loads(p.stdout))
     assert (cfg.rounds, cfg.method, cfg.task_options) == (3, "lora", {"tiny": True})
 
 
@@ -138,7 +139,7 @@ def test_a_client_that_crashes_is_dropped_and_the_run_finishes(tmp_path):
     victim = 2
     with torch_threads(1):
         s = F.run_simulation(tiny_config("fmnist", "fedavg", tmp_path / "flower", **kw), log=quiet,
-                             faults=[F.Fault("raise", 1, victim)])
+                             faults=[FF.Fault("raise", 1, victim)])
         local.run(tiny_config("fmnist", "fedavg", tmp_path / "local", **kw), log=quiet,
                   tamper=lambda r, c, b: b[:-1] if (r, c) == (1, victim) else b)
     r1, r2 = records(tmp_path / "flower")[1:]
@@ -177,7 +178,7 @@ def test_secure_aggregation_on_flower_sim_recovers_a_dropped_client_and_sends_th
     victim = 2
     with torch_threads(1):
         F.run_simulation(tiny_config("sentiment", "fedavg", tmp_path / "flower", secagg=True, **kw), log=quiet,
-                         faults=[F.Fault("raise", 1, victim)])
+                         faults=[FF.Fault("raise", 1, victim)])
         local.run(tiny_config("sentiment", "fedavg", tmp_path / "plain", **kw), log=quiet,
                   tamper=lambda r, c, b: b[:-1] if (r, c) == (1, victim) else b)
         local.run(tiny_config("sentiment", "fedavg", tmp_path / "local", secagg=True, **kw), log=quiet)
@@ -211,7 +212,7 @@ def test_a_client_that_times_out_is_dropped(tmp_path):
     cfg = tiny_config("fmnist", "fedavg", tmp_path, rounds=2, clients=2, fraction=1.0,
                       engine_options={"round_timeout": 60.0})
     with torch_threads(1):
-        s = F.run_simulation(cfg, log=quiet, faults=[F.Fault("sleep", 2, 1, 90.0)])
+        s = F.run_simulation(cfg, log=quiet, faults=[FF.Fault("sleep", 2, 1, 90.0)])
     r2 = records(tmp_path)[2]
     assert [d["id"] for d in r2["dropped"]] == [1] and "no reply within" in r2["dropped"][0]["error"]
     assert r2["accepted"] == 1 and s["flower"]["dropped"] == 1
@@ -253,7 +254,7 @@ def test_a_node_worker_keeps_the_model_and_gives_the_same_bytes(tmp_path, monkey
     """Two rounds through the per-node worker: the second builds nothing, and the upload and the client's
     state equal what the in-process handler makes."""
     from safetensors.torch import load, save
-    from lightfed.engine import node_worker as W
+    from lightfed.engine.flower import node_worker as W
     import tempfile
     short = tempfile.mkdtemp(prefix="lfw", dir="/tmp")           # Unix socket paths must stay short
     monkeypatch.setattr(tempfile, "tempdir", short)
@@ -261,7 +262,7 @@ def test_a_node_worker_keeps_the_model_and_gives_the_same_bytes(tmp_path, monkey
     cfg = tiny_config("fmnist", "topk", clients=2, fraction=1.0)
     S = local.build(cfg)
     down = __import__("lightfed.engine.protocol", fromlist=["P"]).broadcast(S.method, S.method.init_state(S.model), 1)
-    path = W.socket_path(F.digest(cfg), 0)
+    path = W.socket_path(FK.digest(cfg), 0)
     try:
         state = b""
         for rnd in (1, 2):
@@ -271,7 +272,7 @@ def test_a_node_worker_keeps_the_model_and_gives_the_same_bytes(tmp_path, monkey
                 first_up, first_state = up, state
         assert h["measure"]["build_seconds"] < 0.05 and h["measure"]["process_age"] > 0
         with torch_threads(1):
-            up1, st1, _, _ = F.train_core(cfg, 1, 0, down, {})
+            up1, st1, _, _ = FC.train_core(cfg, 1, 0, down, {})
         assert up1 == first_up and load(first_state).keys() == st1.keys()
         assert all(torch.equal(load(first_state)[k], st1[k]) for k in st1)
     finally:
@@ -280,6 +281,6 @@ def test_a_node_worker_keeps_the_model_and_gives_the_same_bytes(tmp_path, monkey
             pid = int(open(str(path) + ".log").read().split("lightfed node worker ")[1].split()[0])
             os.kill(pid, signal.SIGTERM)
         __import__("shutil").rmtree(short, ignore_errors=True)
-    r = subprocess.run([sys.executable, "-c", "import sys, lightfed.engine.flower_app, lightfed.engine.node_worker; "
+    r = subprocess.run([sys.executable, "-c", "import sys, lightfed.engine.flower_app, lightfed.engine.flower.node_worker; "
                         "print('torch' in sys.modules)"], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False", "the client app must not import torch"

@@ -77,7 +77,7 @@ def start(path: Path, *, idle: float, max_bytes: int, config: dict | None = None
     (the ServerApp's first `query` warms every node's worker this way, before round 1)."""
     if alive(path):
         return None
-    cmd = [sys.executable, "-m", "lightfed.engine.node_worker", "--socket", str(path), "--idle", str(idle),
+    cmd = [sys.executable, "-m", "lightfed.engine.flower.node_worker", "--socket", str(path), "--idle", str(idle),
            "--max-bytes", str(max_bytes)]
     if config is not None:
         Path(str(path) + ".json").write_text(json.dumps(config))
@@ -114,7 +114,7 @@ def call(path: Path, header: dict, blobs: list[bytes], *, max_bytes: int, idle: 
 
 def serve(path: Path, idle: float, max_bytes: int, config: Path | None = None) -> None:
     from lightfed import config as C
-    from lightfed.engine import flower_app as F
+    from lightfed.engine.flower import client as F
     tmp = path.parent / f".{os.getpid()}.s"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(tmp))
