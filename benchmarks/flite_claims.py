@@ -59,6 +59,7 @@ BASELINES = [
 ]
 RUNS = Path("runs/bench-flite_claims")
 LOWER_IS_BETTER = {"austen"}
+CHANCE = 0.5                                     # sentiment: 2 classes
 
 
 def grid_for(tasks: list[str], seeds: list[int], quick: bool, baselines: bool) -> list[tuple[str, dict]]:
@@ -143,6 +144,13 @@ def summarize(grid: list[tuple[str, dict]], summaries: list[dict]) -> dict:
             if part != "iid":
                 targets.append({"task": t, "partition": part, "target": "FLITE at least FedAvg fp32's accuracy (above it)",
                                 "measured": spread, "verdict": verdict(fl["finals"], fa["finals"], a_lower=False)})
+    a4, fa = get.get(("pareto", "iid", "FedAvg int4")), get.get(("pareto", "iid", "FedAvg fp32"))
+    if a4 and fa:       # the paper: int4 full weights collapse; collapsed = at chance (+ 2 pp) or non-finite
+        f = a4["max"]
+        bad = not np.isfinite(f) or f <= CHANCE + 0.02
+        targets.append({"task": "sentiment", "partition": "iid", "target": "full-weight FedAvg at int4 collapses (one seed)",
+                        "measured": f"{f:.4f} (round 0: {a4['initials'][0]:.4f}; fp32: {fa['max']:.4f}; chance {CHANCE})",
+                        "verdict": "collapsed (at chance)" if bad else "did not collapse"})
     return {"rows": rows, "targets": targets, "missing": missing}
 
 

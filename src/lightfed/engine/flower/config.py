@@ -31,7 +31,7 @@ class Options:
     node_wait: float = 120.0      # seconds the ServerApp waits for all cfg.clients SuperNodes to connect
     envelope: bool = True         # measure Flower's envelope bytes (serializes each Message once more)
     node_worker: bool = False     # deployment: keep torch and the built model alive in one worker process per node
-                                  # (engine/node_worker.py) instead of building them for every message
+                                  # (engine/flower/node_worker.py) instead of building them for every message
     worker_idle: float = 600.0    # seconds a node worker waits for the next message before it exits
     client_state_dir: str = ""    # a folder on each node where its clients keep their private state, one file per
                                   # (client, round): it outlives the run, so a resumed run continues with it. Empty:
