@@ -1,0 +1,241 @@
+"""Zeroth order in FLITE's latent vs on the weights (issue #10, items 3-4 on the encoder with the probed start).
+
+    python benchmarks/zoflite_claims.py --calibrate     # the ZO lr sweep, centralised (1 client): writes _calibrate
+    python benchmarks/zoflite_claims.py                 # the grid: 5 methods x seeds 0,1,2
+    python benchmarks/zoflite_claims.py --from-runs     # report the runs that finished, list the others
+    python benchmarks/zoflite_claims.py --quick         # smoke test at tiny sizes
+
+Setting: sentiment on real MiniLM-L6, 10 clients, half a round, K local steps of B examples, every method
+starting from the same probed head (methods/probe.py, one round: LP then ZO, so ZO starts above chance).
+- ZO-FLITE: DeComFL's client and aggregator on FLITE's latent z (r = 20: 14,400 latents; the probe's head kept);
+- ZO-FLITE split: FedSPZO's split step on the slices of z (theta1: f1's layers, theta2: the last layer's);
+- FedSPZO and DeComFL on the weights: the last two layers (ZO_TRAINABLE, 3.5M weights; the head kept);
+- FedAvg+LoRA: the first-order reference (rank-8 q/v adapters + head, AdamW).
+Every ZO method runs the same rounds and steps; its lr is the calibration's (the largest of LRS whose
+centralised train loss falls). Reported per method over 3 seeds: final accuracy, the curve against cumulative
+client forward FLOPs (summary flops, FlopCounterMode per sample x samples), uplink / downlink bytes per client
+per round (len() of the messages), accounted client memory (weights + activations + transient z).
+Targets (issue #10): ZO-FLITE reaches the target accuracy (the probed start's round-0 accuracy + GAIN) with
+>= 10x fewer client forward FLOPs than FedSPZO on the weights, at <= 1 KB uplink per client per round, with
+accounted memory <= 0.5x LoRA's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import RESULTS, meta, reuse_or_run, verdict, write  # noqa: E402
+
+from lightfed.report import human_bytes  # noqa: E402
+
+BASE = {"task": "sentiment", "clients": 10, "fraction": 0.5, "batch_size": 8, "local_steps": 10, "rounds": 20,
+        "partition": "iid", "eval_every": 1, "progress": False,
+        "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}}
+QUICK = {"rounds": 2, "local_steps": 2, "task_options": {"train_size": 80, "test_size": 40, "max_len": 16}}
+ZO_TRAINABLE = "layer.4.,layer.5."
+LRS = (1e-4, 1e-3, 1e-2, 1e-1)
+GAIN = 0.02           # the target: the probed start's accuracy (round 0, mean over every run) + 2 pp
+# calibrated (benchmarks/results/zoflite_claims_calibrate.md): the largest lr of LRS whose train loss falls
+LR = {"zoflite": 1e-2, "zoflite_split": 1e-2, "fedspzo": 1e-3, "decomfl": 1e-3}
+METHODS = [  # (label, method, options); lr from LR (ZO) or the option's own
+    ("ZO-FLITE (DeComFL's step in z)", "zoflite", {"r": 20, "head": "keep", "P": 1}),
+    ("ZO-FLITE split (FedSPZO's step in z)", "zoflite_split", {"r": 20, "head": "keep", "split": 1, "P1": 1, "Ps": 2}),
+    ("FedSPZO (weights)", "fedspzo", {"trainable": ZO_TRAINABLE, "z": "fast", "split": 1, "P1": 1, "Ps": 2}),
+    ("DeComFL (weights)", "decomfl", {"trainable": ZO_TRAINABLE, "z": "fast", "P": 1}),
+    ("FedAvg+LoRA (first order)", "lora", {}),
+]
+RUNS = Path("runs/bench-zoflite_claims")
+
+
+def _base(quick: bool, seed: int) -> dict:
+    b = {**BASE, "seed": seed}
+    return {**b, **QUICK, "task_options": {**BASE["task_options"], **QUICK["task_options"]}} if quick else b
+
+
+def configs(seeds, quick: bool, lrs: dict | None = None, calibrate: bool = False):
+    """(probe runs, method runs) as [(label, config)]."""
+    runs = RUNS.with_name(RUNS.name + "_quick") if quick else RUNS
+    probes, grid = [], []
+    for seed in seeds:
+        b = _base(quick, seed)
+        probe = str(runs / f"probe-s{seed}")
+        probes.append((f"probe s{seed}", {**b, "method": "probe", "rounds": 1, "local_steps": 0, "out": probe}))
+        for label, m, opts in METHODS:
+            if calibrate:
+                if m == "lora":
+                    continue
+                for lr in LRS:
+                    c = {**b, "method": m, "method_options": {**opts, "lr": lr}, "init": probe, "clients": 1, "fraction": 1.0,
+                         "rounds": 1 if quick else 3, "local_steps": 2 if quick else 25, "lr": lr, "eval_every": 3,
+                         "out": str(runs / f"calibrate-{m}-lr{lr:g}")}
+                    grid.append((f"{label} | lr {lr:g} | s{seed}", c))
+                continue
+            lr = (lrs or LR).get(m)
+            c = {**b, "method": m, "method_options": {**opts, **({"lr": lr} if lr else {})}, "init": probe,
+                 "lr": lr or 5e-4, "out": str(runs / f"{m}-s{seed}")}
+            grid.append((f"{label} | s{seed}", c))
+    return probes, grid
+
+
+def curve(s: dict) -> tuple[list[float], list[float]]:
+    """(cumulative client forward FLOPs after each evaluated round, accuracy then), from metrics.jsonl."""
+    recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()]
+    x, y, tot = [0.0], [recs[0][s["metric"]]], 0.0
+    for r in recs[1:]:
+        tot += sum(c.get("flops", 0) for c in r.get("clients", []))
+        if s["metric"] in r:
+            x.append(tot)
+            y.append(r[s["metric"]])
+    return x, y
+
+
+def to_target(x, y, target):
+    """Client FLOPs spent when the accuracy first reaches the target (after round 0)."""
+    return next((f for f, a in zip(x[1:], y[1:]) if a >= target), None)
+
+
+def summarize(grid, summaries) -> dict:
+    by: dict[str, list] = {}
+    missing = []
+    for (label, _), s in zip(grid, summaries):
+        name = label.rsplit(" | ", 1)[0]
+        if "error" in s:
+            missing.append({"label": label, "error": s["error"]})
+        else:
+            by.setdefault(name, []).append(s)
+    rows = []
+    for label, m, _ in METHODS:
+        ss = by.get(label, [])
+        if not ss:
+            continue
+        fin = [s["final"] for s in ss]
+        curves = [curve(s) for s in ss]
+        mem = [s["memory"].get("client_accounted_bytes") or 0 for s in ss]
+        rows.append({"label": label, "method": m, "seeds": [s["config"]["seed"] for s in ss], "finals": fin,
+                     "initials": [s["initial"] for s in ss], "mean": float(np.mean(fin)), "std": float(np.std(fin)),
+                     "min": min(fin), "max": max(fin), "curves": curves,
+                     "up_bytes": max(s["bytes"]["up_per_client_round"] for s in ss),
+                     "down_bytes": max(s["bytes"]["down_per_client_round"] for s in ss),
+                     "flops_total": [float(x[-1]) for x, _ in curves], "accounted_memory": max(mem),
+                     "trainable": ss[0]["trainable_params"]})
+    get = {r["method"]: r for r in rows}
+    targets = []
+    fs, zf, lo = get.get("fedspzo"), get.get("zoflite"), get.get("lora")
+    if fs:
+        target = round(float(np.mean([i for r in rows for i in r["initials"]])) + GAIN, 4)
+        for r in rows:
+            r["flops_to_target"] = [to_target(x, y, target) for x, y in r["curves"]]
+        for r in (get.get("zoflite"), get.get("zoflite_split")):
+            if r is None:
+                continue
+            a, b = r["flops_to_target"], fs["flops_to_target"]
+            ok = [(p, q) for p, q in zip(a, b) if p is not None and q is not None and p > 0]
+            ratios = [q / p for p, q in ok]
+            targets.append({"target": f"{r['label']}: >= 10x fewer forward FLOPs than FedSPZO (weights) to {target:.4f}",
+                            "measured": ("; ".join(f"{x:,.1f}x" for x in ratios) + f" (seeds reaching it: {len(ok)} of {len(a)})") if ok
+                            else f"not reached by both on any seed (ZO-FLITE: {a}, FedSPZO: {b})",
+                            "verdict": ("met" if len(ratios) >= 3 and min(ratios) >= 10 else
+                                        "missed" if len(ratios) >= 3 and max(ratios) < 10 else
+                                        f"inconclusive ({len(ratios)} seed(s) with both reaching it; a claim needs 3)")})
+    if zf:
+        targets.append({"target": "ZO-FLITE uplink <= 1 KB per client per round", "measured": f"{zf['up_bytes']:,.0f} B",
+                        "verdict": "met" if zf["up_bytes"] <= 1000 else "missed"})
+        if lo:
+            ratio = zf["accounted_memory"] / lo["accounted_memory"] if lo["accounted_memory"] else None
+            targets.append({"target": "ZO-FLITE accounted client memory <= 0.5x FedAvg+LoRA's",
+                            "measured": f"{human_bytes(zf['accounted_memory'])} vs {human_bytes(lo['accounted_memory'])}"
+                                        + (f" ({ratio:.2f}x)" if ratio else ""),
+                            "verdict": "met" if ratio is not None and ratio <= 0.5 else "missed"})
+            targets.append({"target": "ZO-FLITE final accuracy vs FedAvg+LoRA (first order)",
+                            "measured": f"{zf['mean']:.4f} vs {lo['mean']:.4f}",
+                            "verdict": "reported: " + verdict(zf["finals"], lo["finals"], a_lower=True).replace("met", "below")})
+    return {"rows": rows, "targets": targets, "missing": missing}
+
+
+def render(res: dict) -> str:
+    c = res["config"]
+    L = [f"# Zeroth order in FLITE's latent vs on the weights ({res['meta']['date']})\n", f"Command: `{res['meta']['command']}`  ",
+         f"Setting: `{json.dumps({k: v for k, v in c['base'].items() if k != 'progress'})}`, seeds {c['seeds']}, every method "
+         f"from the seed's probed head; ZO lrs {json.dumps(c['lr'])} (calibration: zoflite_claims_calibrate.md).\n",
+         "| method | accuracy (mean ± std) | min / max | round 0 | up B/client/round | down B/client/round | trainable | "
+         "client forward FLOPs, whole run (mean) | accounted client memory |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        L.append(f"| {r['label']} | {r['mean']:.4f} ± {r['std']:.4f} (n = {len(r['finals'])}) | {r['min']:.4f} / {r['max']:.4f} | "
+                 f"{np.mean(r['initials']):.4f} | {r['up_bytes']:,.0f} | {r['down_bytes']:,.0f} | {r['trainable']:,} | "
+                 f"{np.mean(r['flops_total']):.3g} | {human_bytes(r['accounted_memory'])} |")
+    L += ["", "| target | measured | verdict |", "|---|---|---|"]
+    L += [f"| {t['target']} | {t['measured']} | **{t['verdict']}** |" for t in res["targets"]]
+    if res["missing"]:
+        L += ["", "Not run or failed:", ""] + [f"- {m['label']}: {m['error'][:160]}" for m in res["missing"]]
+    L += ["", f"![accuracy vs client forward FLOPs]({res['name']}.png)", ""]
+    return "\n".join(L)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in res["rows"]:
+        for i, (x, y) in enumerate(r["curves"]):
+            ax.plot(np.maximum(x, 1), y, color=f"C{res['rows'].index(r)}", alpha=0.8, label=r["label"] if i == 0 else None)
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative client FLOPs (log; forward only for ZO, forward + backward for LoRA)")
+    ax.set_ylabel("accuracy (one line per seed)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--from-runs", action="store_true")
+    a = ap.parse_args(argv)
+    seeds = [0] if a.calibrate else [int(s) for s in a.seeds.split(",")]
+    name = "zoflite_claims" + ("_calibrate" if a.calibrate else "") + ("_quick" if a.quick else "")
+    probes, grid = configs(seeds, a.quick, calibrate=a.calibrate)
+    t0 = time.time()
+    ps = reuse_or_run(probes, a.workers, a.from_runs)
+    ss = reuse_or_run(grid, a.workers, a.from_runs)
+    cmd = "python benchmarks/zoflite_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if a.calibrate:
+        L = [f"# ZO learning rates in z-space and on the weights ({time.strftime('%Y-%m-%d %H:%M')})\n", f"Command: `{cmd}`  ",
+             "Centralised (1 client, 3 rounds x 25 steps of the benchmark's batch), from the probed head. Rule: the largest "
+             "lr whose train loss falls (last round's mean below the first's).\n",
+             "| run | train loss per round | accuracy |", "|---|---|---|"]
+        rows = []
+        for (label, c), s in zip(grid, ss):
+            if "error" in s:
+                L.append(f"| {label} | {s['error'][:100]} | |")
+                continue
+            recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()][1:]
+            losses = [c_["train_loss"] for r in recs for c_ in r["clients"]]
+            rows.append({"label": label, "losses": losses, "initial": s["initial"], "final": s["final"]})
+            L.append(f"| {label} | {' -> '.join(f'{x:.4f}' for x in losses)} | {s['initial']:.4f} -> {s['final']:.4f} |")
+        write(name, {"meta": meta(cmd), "rows": rows}, "\n".join(L) + "\n")
+        print("\n".join(L))
+        return
+    res = {"meta": meta(cmd), "name": name, "config": {"base": _base(a.quick, 0), "seeds": seeds, "lr": LR, "workers": a.workers},
+           "wall_s": time.time() - t0, "probes": [{"seed": p["config"]["seed"], "final": p.get("final")} for p in ps if "error" not in p],
+           **summarize(grid, ss)}
+    md = render(res)
+    if res["rows"]:
+        plot(res, RESULTS / f"{name}.png")
+    print(write(name, res, md))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
