@@ -257,8 +257,9 @@ def markdown(res: dict) -> str:
         L.append("")
     if "fuzz_recheck" in res:
         f = res["fuzz_recheck"]
-        L += ["## Fuzzing again after the fixes: the kinds that crashed, secure aggregation's receivers (its roster now "
-              "carries U and t) and PowerSGD's messages (now with the shared factors)\n",
+        L += ["## Fuzzing again: the kinds that crashed (after the fixes) and every kind whose message changed since "
+              "(secure aggregation's roster now carries U and t; PowerSGD's shared factors; FLITE's default map sends "
+              "its head; the new zoflite_split)\n",
               f"Command: `{f.get('command', '')}`\n",
               "| kind | mutants | refused | naming the field | well-formed | crashes | state changes |", "|---|---|---|---|---|---|---|"]
         for k, c in f["kinds"].items():

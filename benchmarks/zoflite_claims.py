@@ -39,9 +39,12 @@ BASE = {"task": "sentiment", "clients": 10, "fraction": 0.5, "batch_size": 8, "l
         "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}}
 QUICK = {"rounds": 2, "local_steps": 2, "task_options": {"train_size": 80, "test_size": 40, "max_len": 16}}
 ZO_TRAINABLE = "layer.4.,layer.5."
-LRS = (1e-4, 1e-3, 1e-2, 1e-1)
+# the sweep per kind: a ZO step moves every perturbed coordinate, so its safe lr falls with the dimension
+# (z: 14,400; the weights: 3.5M)
+LRS = {"zoflite": (1e-5, 1e-4, 1e-3, 1e-2, 1e-1), "zoflite_split": (1e-5, 1e-4, 1e-3, 1e-2, 1e-1),
+       "fedspzo": (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2), "decomfl": (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)}
 GAIN = 0.02           # the target: the probed start's accuracy (round 0, mean over every run) + 2 pp
-# calibrated (benchmarks/results/zoflite_claims_calibrate.md): the largest lr of LRS whose train loss falls
+# calibrated (benchmarks/results/zoflite_claims_calibrate.md): the largest lr of LRS[m] whose train loss falls
 LR = {"zoflite": 1e-2, "zoflite_split": 1e-2, "fedspzo": 1e-3, "decomfl": 1e-3}
 METHODS = [  # (label, method, options); lr from LR (ZO) or the option's own
     ("ZO-FLITE (DeComFL's step in z)", "zoflite", {"r": 20, "head": "keep", "P": 1}),
@@ -70,7 +73,7 @@ def configs(seeds, quick: bool, lrs: dict | None = None, calibrate: bool = False
             if calibrate:
                 if m == "lora":
                     continue
-                for lr in LRS:
+                for lr in LRS[m]:
                     c = {**b, "method": m, "method_options": {**opts, "lr": lr}, "init": probe, "clients": 1, "fraction": 1.0,
                          "rounds": 1 if quick else 3, "local_steps": 2 if quick else 25, "lr": lr, "eval_every": 3,
                          "out": str(runs / f"calibrate-{m}-lr{lr:g}")}
