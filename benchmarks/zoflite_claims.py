@@ -11,8 +11,7 @@ starting from the same probed head (methods/probe.py, one round: LP then ZO, so 
 - ZO-FLITE split: FedSPZO's split step on the slices of z (theta1: f1's layers, theta2: the last layer's);
 - FedSPZO and DeComFL on the weights: the last two layers (ZO_TRAINABLE, 3.5M weights; the head kept);
 - FedAvg+LoRA: the first-order reference (rank-8 q/v adapters + head, AdamW).
-Every ZO method runs the same rounds and steps; its lr is the calibration's (the largest of LRS whose
-centralised train loss falls). Reported per method over 3 seeds: final accuracy, the curve against cumulative
+Every ZO method runs the same rounds and steps; its lr is the calibration's (see LR). Reported per method over 3 seeds: final accuracy, the curve against cumulative
 client forward FLOPs (summary flops, FlopCounterMode per sample x samples), uplink / downlink bytes per client
 per round (len() of the messages), accounted client memory (weights + activations + transient z).
 Targets (issue #10): ZO-FLITE reaches the target accuracy (the probed start's round-0 accuracy + GAIN) with
@@ -44,8 +43,10 @@ ZO_TRAINABLE = "layer.4.,layer.5."
 LRS = {"zoflite": (1e-5, 1e-4, 1e-3, 1e-2, 1e-1), "zoflite_split": (1e-5, 1e-4, 1e-3, 1e-2, 1e-1),
        "fedspzo": (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2), "decomfl": (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)}
 GAIN = 0.02           # the target: the probed start's accuracy (round 0, mean over every run) + 2 pp
-# calibrated (benchmarks/results/zoflite_claims_calibrate.md): the largest lr of LRS[m] whose train loss falls
-LR = {"zoflite": 1e-2, "zoflite_split": 1e-2, "fedspzo": 1e-3, "decomfl": 1e-3}
+# calibrated (benchmarks/results/zoflite_claims_calibrate.md): of LRS[m], the lr with the lowest last-round train
+# loss (every lr sees the same batches) among those that keep the accuracy within 1 pp of the probed start. (The
+# probe's head gives large logits: CE ~3.8 at 80% accuracy, so a lower CE can come with a lower accuracy.)
+LR = {"zoflite": 1e-3, "zoflite_split": 1e-3, "fedspzo": 1e-5, "decomfl": 1e-5}
 METHODS = [  # (label, method, options); lr from LR (ZO) or the option's own
     ("ZO-FLITE (DeComFL's step in z)", "zoflite", {"r": 20, "head": "keep", "P": 1}),
     ("ZO-FLITE split (FedSPZO's step in z)", "zoflite_split", {"r": 20, "head": "keep", "split": 1, "P1": 1, "Ps": 2}),
@@ -215,8 +216,10 @@ def main(argv=None) -> None:
     cmd = "python benchmarks/zoflite_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.calibrate:
         L = [f"# ZO learning rates in z-space and on the weights ({time.strftime('%Y-%m-%d %H:%M')})\n", f"Command: `{cmd}`  ",
-             "Centralised (1 client, 3 rounds x 25 steps of the benchmark's batch), from the probed head. Rule: the largest "
-             "lr whose train loss falls (last round's mean below the first's).\n",
+             "Centralised (1 client, 3 rounds x 25 steps of the benchmark's batch), from the probed head; every lr sees the "
+             "same batches, which differ between rounds (so the loss falls from round to round at any lr: compare a "
+             "round's loss across lrs, not across rounds). Rule: the lowest last-round loss among the lrs that keep the "
+             "accuracy within 1 pp of the start.\n",
              "| run | train loss per round | accuracy |", "|---|---|---|"]
         rows = []
         for (label, c), s in zip(grid, ss):
@@ -226,7 +229,7 @@ def main(argv=None) -> None:
             recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()][1:]
             losses = [c_["train_loss"] for r in recs for c_ in r["clients"]]
             rows.append({"label": label, "losses": losses, "initial": s["initial"], "final": s["final"]})
-            L.append(f"| {label} | {' -> '.join(f'{x:.4f}' for x in losses)} | {s['initial']:.4f} -> {s['final']:.4f} |")
+            L.append(f"| {label.replace(' | ', ', ')} | {' -> '.join(f'{x:.4f}' for x in losses)} | {s['initial']:.4f} -> {s['final']:.4f} |")
         write(name, {"meta": meta(cmd), "rows": rows}, "\n".join(L) + "\n")
         print("\n".join(L))
         return
