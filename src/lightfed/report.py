@@ -39,7 +39,8 @@ def results_table(summaries: list[dict]) -> str:
     ref = next((s for s in summaries if s["method"] == "fedavg"), None)
     if ref is not None and len(summaries) > 1:   # how many times less each method uploads than FedAvg
         for r, s in zip(rows, summaries):
-            r["upload vs FedAvg"] = f"{ref['bytes']['up_per_client_round'] / s['bytes']['up_per_client_round']:,.0f}x smaller"
+            r["upload vs FedAvg"] = ("the reference" if s is ref else
+                                     f"{ref['bytes']['up_per_client_round'] / s['bytes']['up_per_client_round']:,.0f}x smaller")
     cols = list(rows[0]) if rows else []
     return markdown(rows, cols)
 
