@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, meta, reuse_or_run, verdict, write  # noqa: E402
+from common import RESULTS, finished, meta, reuse_or_run, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
 
@@ -257,7 +257,6 @@ def main(argv=None) -> None:
     if "fmnist" in tasks and not a.from_runs:   # our fmnist base, built once before the workers
         from lightfed.tasks import WIDTHS, FmnistOptions, pretrain_fmnist
         pretrain_fmnist(WIDTHS, FmnistOptions().pretrain_epochs)
-    from common import finished
     reused = sum(finished(label, c) is not None for label, c in grid)
     summaries = reuse_or_run(grid, a.workers, a.from_runs)
     settings = {t: {**TASKS[t], **(QUICK[t] if a.quick else {})} for t in tasks}

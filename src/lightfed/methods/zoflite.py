@@ -84,6 +84,7 @@ class ZOFLITESplit(ZOFLITE, fedspzo.FedSPZO):
         if not side[2]:
             raise ConfigError(f"zoflite_split: no latent layer in f2 (split = {self.opts.split})")
         rest = [n for n in self.names if n != "z"]     # the trained head, if any
+        self._slices = {f"z[{lo}:{hi}]": slice(lo, hi) for lo, hi in side[1] + side[2]}
         self._blocks = {"theta1": [f"z[{lo}:{hi}]" for lo, hi in side[1]] + [n for n in rest if n not in f2],
                         "theta2": [f"z[{lo}:{hi}]" for lo, hi in side[2]] + [n for n in rest if n in f2]}
         return model
@@ -91,10 +92,7 @@ class ZOFLITESplit(ZOFLITE, fedspzo.FedSPZO):
     def _views(self, tensors: dict) -> dict:
         """{block: {name: tensor}} with "z[lo:hi]" a view of tensors["z"]: updates write through."""
         def get(n):
-            if n.startswith("z["):
-                lo, hi = map(int, n[2:-1].split(":"))
-                return tensors["z"].detach()[lo:hi]
-            return tensors[n].detach()
+            return tensors["z"].detach()[self._slices[n]] if n in self._slices else tensors[n].detach()
         return {b: {n: get(n) for n in ns} for b, ns in self.blocks().items()}
 
     def _bind(self, model):
