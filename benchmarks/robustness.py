@@ -306,16 +306,86 @@ def main():
             res[p]["seconds"] = time.time() - t
             res[p]["command"] = res["meta"]["command"]
             write("robustness", res, markdown(res))
+            plots(res)
     write("robustness", res, markdown(res))
+    plots(res)
     print(RESULTS / "robustness.md")
+
+
+def plots(res: dict) -> None:
+    """robustness_{dp,dropout,hostile}.png from the JSON's rows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if "dp" in res:
+        rows = res["dp"]["rows"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, method in enumerate(sorted({k.split("|")[0] for k in rows})):
+            pts = [(r["eps"][0], r["mean"], r["std"]) for k, r in rows.items()
+                   if k.startswith(method + "|z=") and r["eps"] and r["eps"][0] is not None]
+            pts.sort()
+            if pts:
+                x, y, e = zip(*pts)
+                ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=f"{method} (clip + noise)", color=f"C{i}")
+            ref = rows.get(f"{method}|no DP")
+            if ref and ref["n"]:
+                ax.axhline(ref["mean"], ls="--", color=f"C{i}", lw=1, label=f"{method}, no DP")
+        ax.set_xscale("log")
+        ax.set(xlabel="epsilon (delta 1e-5, whoever sees the sum)", ylabel="final test accuracy",
+               title="sentiment (MiniLM): accuracy vs epsilon, mean +- std over seeds")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(RESULTS / "robustness_dp.png", dpi=120)
+        plt.close(fig)
+    if "dropout" in res:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, (k, r) in enumerate(res["dropout"]["rows"].items()):
+            if not r["history"]:
+                continue
+            rounds = [h["round"] for h in r["history"][0]]
+            acc = np.array([[h["accuracy"] for h in hist] for hist in r["history"]])
+            ax.plot(rounds, acc.mean(0), marker="o", color=f"C{i // 2}", ls="-" if i % 2 == 0 else ":",
+                    label=f"{k} ({len(acc)} seeds)")
+            ax.fill_between(rounds, acc.min(0), acc.max(0), color=f"C{i // 2}", alpha=0.15)
+        ax.set(xlabel="round", ylabel="test accuracy", title="sentiment (MiniLM): dropouts and stragglers (mean, min-max)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(RESULTS / "robustness_dropout.png", dpi=120)
+        plt.close(fig)
+    if "hostile" in res:
+        rows = res["hostile"]["rows"]
+        methods = list(dict.fromkeys(k.split("|")[0] for k in rows))
+        fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), sharey=True, squeeze=False)
+        for ax, method in zip(axes[0], methods):
+            settings = list(dict.fromkeys(k.split("|", 1)[1].rsplit("|", 1)[0] for k in rows if k.startswith(method + "|")))
+            x = np.arange(len(settings))
+            for j, agg in enumerate(("mean", "median")):
+                rr = [rows.get(f"{method}|{st}|{agg}") for st in settings]
+                ax.bar(x + (j - 0.5) * 0.4, [r["mean"] if r else np.nan for r in rr], 0.4,
+                       yerr=[r["std"] if r else 0 for r in rr], capsize=2, label=f"aggregate: {agg}")
+            ax.set_xticks(x, [st.replace("|", "\n") for st in settings], fontsize=7)
+            ax.set_title(method)
+            ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        axes[0][0].set_ylabel("final test accuracy")
+        axes[0][0].legend(fontsize=8)
+        fig.suptitle("sentiment (MiniLM): 0, 1 or 2 of 10 clients hostile")
+        fig.tight_layout()
+        fig.savefig(RESULTS / "robustness_hostile.png", dpi=120)
+        plt.close(fig)
 
 
 # --- runs on the real task: DP, dropouts, hostile clients ------------------------------------------
 TASK = {"train_size": 1000, "test_size": 500, "max_len": 32}          # sentiment, real MiniLM; 500 test: 0.2 pp each
-BASE = {"task": "sentiment", "clients": 10, "fraction": 1.0, "rounds": 8, "batch_size": 16, "local_steps": 10,
+# sized for 2 CPU cores (~30 min of wall per seed for the three grids, 2 runs side by side): every sampled
+# client takes 5 steps of 16 tweets a round, all 10 clients every round, 6 rounds
+BASE = {"task": "sentiment", "clients": 10, "fraction": 1.0, "rounds": 6, "batch_size": 16, "local_steps": 5,
         "progress": False, "task_options": TASK}
+ZO_TRAINABLE = "layer.4.,layer.5."     # as in zoflite_claims: the last two layers, from the probed head
 METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-3), "FedAvg": ("fedavg", {}, 3e-5),
-           "FedSPZO": ("fedspzo", {}, 1e-3)}
+           # zeroth order from a random head stays at chance whatever the clients send; from the federated probe's
+           # head (methods/probe.py, one round, run per seed first) it starts at ~0.8, so an attack can show; its lr
+           # is zoflite_claims' calibrated one for these weights
+           "FedSPZO": ("fedspzo", {"trainable": ZO_TRAINABLE, "z": "fast", "split": 1, "P1": 1, "Ps": 2}, 1e-5)}
 DP_NOISE = [0.0, 0.3, 1.0, 3.0]                 # z; 0.0 with the clip = clipping only; plus a run without DP
 DP_CLIP = {"FedAvg+LoRA": 0.5, "FLITE": 0.5}    # C: about the median update norm of a round without DP (dp_norm)
 ATTACKS = ["sign-flip x10", "large-norm x1000"]
@@ -327,6 +397,8 @@ def runs_grid(kind: str, seeds) -> list[tuple[str, dict]]:
         def run(label, method, extra):
             m, opts, lr = METHODS[method]
             c = {**BASE, "method": m, "method_options": opts, "lr": lr, "seed": seed, **extra}
+            if m == "fedspzo":
+                c["init"] = probe_out(seed)
             c["out"] = str(Path("runs") / "robustness" / (f"{kind}-{label}-s{seed}".replace(" ", "_").replace("/", "_")))
             g.append((f"{kind}|{label}|s{seed}", c))
         if kind == "dp":
@@ -347,6 +419,18 @@ def runs_grid(kind: str, seeds) -> list[tuple[str, dict]]:
                             run(f"{method}|{h} hostile|{attack}|{robust}", method, {"robust": robust,
                                 "engine_options": {"hostile": h, "attack": attack}})
     return g
+
+
+def probe_out(seed: int) -> str:
+    return str(Path("runs") / "robustness" / f"probe-s{seed}")
+
+
+def probes(seeds) -> None:
+    """The federated linear probe FedSPZO's hostile runs start from (one round, forward only; reused)."""
+    todo = [(f"probe s{s}", {**BASE, "method": "probe", "rounds": 1, "local_steps": 0, "lr": 1e-3, "seed": s,
+                             "out": probe_out(s)}) for s in seeds if not (Path(probe_out(s)) / "summary.json").exists()]
+    if todo:
+        run_grid(todo, 2)
 
 
 def _hostile_one(args):
@@ -390,6 +474,7 @@ def _hostile_one(args):
     try:
         out = local.run(cfg, log=lambda *a: None)
         out["label"] = label
+        (Path(c["out"]) / "bench.json").write_text(json.dumps(c))      # the run's full config, hostility included
         print(f"[bench] done {label}: {out['initial']:.4f} -> {out['final']:.4f}", file=sys.stderr, flush=True)
         return out
     except Exception as e:  # noqa: BLE001
@@ -400,16 +485,24 @@ def part_runs(kind: str, seeds, workers) -> dict:
     import multiprocessing as mp
     g = runs_grid(kind, seeds)
     done, todo = {}, []
+    if kind == "hostile":
+        probes(seeds)
     for label, c in g:                   # a finished run with the same config is reused
         f = Path(c["out"]) / "summary.json"
-        if f.exists() and kind != "hostile":
+        b = Path(c["out"]) / "bench.json"
+        if kind == "hostile":
+            if f.exists() and b.exists() and json.loads(b.read_text()) == c:
+                done[label] = {**json.loads(f.read_text()), "label": label}
+                continue
+        elif f.exists():
             s = json.loads(f.read_text())
             if {k: s["config"].get(k) for k in c if k != "engine_options"} == {k: v for k, v in c.items() if k != "engine_options"}:
                 done[label] = {**s, "label": label}
                 continue
         todo.append((label, c))
     if kind == "hostile":
-        with mp.get_context("spawn").Pool(workers) as pool:
+        # one process per run: a hostile run patches its method's class in the process that runs it
+        with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
             ran = dict(zip([l for l, _ in todo], pool.map(_hostile_one, todo, chunksize=1)))
     else:
         ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
@@ -427,6 +520,11 @@ def part_runs(kind: str, seeds, workers) -> dict:
         if s.get("dp"):
             r["eps"].append(s["dp"].get("epsilon"))
         r["dropped"].append(sum(len(v) for v in (s.get("dropped_by_round") or {}).values()))
+        if kind == "dp" and c.get("dp_clip"):   # the clients' update norms before clipping (privacy.clip)
+            m = Path(s["out"]) / "metrics.jsonl"
+            cl = [x for l in m.read_text().splitlines() for x in json.loads(l).get("clients", [])] if m.exists() else []
+            r.setdefault("norms", []).extend(x["dp_norm"] for x in cl if "dp_norm" in x)
+            r.setdefault("clipped", []).extend(bool(x["dp_clipped"]) for x in cl if "dp_clipped" in x)
     for r in rows.values():
         f = np.array(r["finals"]) if r["finals"] else np.array([np.nan])
         r["mean"], r["std"], r["n"] = float(f.mean()), float(f.std(ddof=1)) if len(f) > 1 else 0.0, len(r["finals"])
@@ -439,10 +537,25 @@ def _runs_md(kind: str, rows: dict) -> str:
              "hostile": "Hostile clients (0, 1, 2 of 10)"}[kind]
     L = [f"## {title}\n", f"sentiment (real MiniLM), {BASE['clients']} clients, {BASE['rounds']} rounds x "
          f"{BASE['local_steps']} steps, {TASK['test_size']} test tweets; mean +- std over seeds.\n",
-         "| setting | accuracy | seeds | epsilon (delta 1e-5) | dropped clients (total) |", "|---|---|---|---|---|"]
+         "| setting | round 0 | final accuracy | seeds | per seed | epsilon (delta 1e-5) | dropped clients (total) |",
+         "|---|---|---|---|---|---|---|"]
+    if kind == "hostile":
+        L.insert(2, "Hostile clients are clients 0..h-1 (sampled every round: fraction 1). FedAvg and FLITE start from the "
+                    "task's random head; FedSPZO (the last two layers, split 1) from the federated probe's head. "
+                    "Aggregate: `robust = mean` (the weighted mean) or `median` (coordinate-wise; per step for ZO "
+                    "scalars).\n")
+    if kind == "dp":
+        for k, r in rows.items():
+            if k.endswith("|z=0") and r.get("norms"):
+                L.insert(2, f"{k.split('|')[0]}: the clients' update norms before clipping, median {np.median(r['norms']):.3f} "
+                            f"(min {min(r['norms']):.3f}, max {max(r['norms']):.3f}); clipped {np.mean(r['clipped']):.0%} "
+                            f"of {len(r['clipped'])} uploads at C = {DP_CLIP[k.split('|')[0]]}.\n")
     for k, r in rows.items():
         eps = "–" if not r["eps"] else ("inf (clip only)" if r["eps"][0] is None else f"{r['eps'][0]:.2f}")
-        L.append(f"| {k} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {eps} | {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |")
+        init = f"{np.mean(r['initial']):.3f}" if r["initial"] else "–"
+        seeds = ", ".join(f"{x:.3f}" for x in r["finals"]) + (f"; {len(r['errors'])} failed" if r["errors"] else "")
+        L.append(f"| {k.replace('|', ' / ')} | {init} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {seeds} | {eps} | "
+                 f"{np.mean(r['dropped']) if r['dropped'] else 0:.0f} |")
     return "\n".join(L)
 
 
