@@ -290,6 +290,8 @@ def main():
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--finished", action="store_true", help="dp / dropout / hostile: report the runs that finished "
+                    "(each row says over how many seeds), run nothing")
     ap.add_argument("--kinds", default="", help="fuzz: only these message kinds (e.g. fedala/down), as part 'fuzz_recheck'")
     a = ap.parse_args()
     path = RESULTS / "robustness.json"
@@ -300,9 +302,9 @@ def main():
             t = time.time()
             res[p] = {"fuzz": lambda: part_fuzz(a.per_kind),
                       "fuzz_recheck": lambda: part_fuzz(a.per_kind, set(a.kinds.split(","))), "secagg": part_secagg,
-                      "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers),
-                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers),
-                      "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers)}[p]()
+                      "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers, a.finished),
+                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers, a.finished),
+                      "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers, a.finished)}[p]()
             res[p]["seconds"] = time.time() - t
             res[p]["command"] = res["meta"]["command"]
             write("robustness", res, markdown(res))
@@ -481,11 +483,11 @@ def _hostile_one(args):
         return {"label": label, "error": repr(e), "config": c}
 
 
-def part_runs(kind: str, seeds, workers) -> dict:
+def part_runs(kind: str, seeds, workers, finished_only: bool = False) -> dict:
     import multiprocessing as mp
     g = runs_grid(kind, seeds)
     done, todo = {}, []
-    if kind == "hostile":
+    if kind == "hostile" and not finished_only:
         probes(seeds)
     for label, c in g:                   # a finished run with the same config is reused
         f = Path(c["out"]) / "summary.json"
@@ -500,7 +502,9 @@ def part_runs(kind: str, seeds, workers) -> dict:
                 done[label] = {**s, "label": label}
                 continue
         todo.append((label, c))
-    if kind == "hostile":
+    if finished_only:
+        g, todo = [(l, c) for l, c in g if l in done], []
+    if kind == "hostile" and todo:
         # one process per run: a hostile run patches its method's class in the process that runs it
         with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
             ran = dict(zip([l for l, _ in todo], pool.map(_hostile_one, todo, chunksize=1)))

@@ -9,7 +9,6 @@ reproducible from its config, and a resumed run reaches the same result as an un
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -189,24 +188,9 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         if not (out / "config.json").is_file() or not (out / "ckpt" / "latest.json").is_file():
             raise C.ConfigError(f"--resume {str(out)!r}: no config.json + ckpt/latest.json there")
         cfg = C.load_json(out / "config.json")
-    check(cfg)
-    out = Path(cfg.out or f"runs/{cfg.task}-{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg.out = str(out)
     t_start = time.perf_counter()
-    S = build(cfg)
+    S, out, start, state, client_states, history = begin(cfg, resume is not None, log)
     task, method, model = S.task, S.method, S.model
-    out.mkdir(parents=True, exist_ok=True)
-    C.save(cfg, out / "config.json")
-    (out / "setup.json").write_text(json.dumps(S.info, indent=1))
-
-    if resume is not None:
-        start, state, client_states, history = load_checkpoint(out)
-        log(f"lightfed: resuming {out} after round {start}")
-    else:
-        start, state, client_states = 0, method.init_state(model), {}
-        method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
-        history = [{"round": 0, **evaluate(task, model)}]
-    rewrite_metrics(out, history, start, resume is not None)
 
     per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
     bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
@@ -254,6 +238,28 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         summary["per_client"] = evaluate_clients(S, state, client_states)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def begin(cfg: C.RunConfig, resume: bool, log, engine: str = ""):
+    """Every engine's preamble: check the config, build the run, write config.json and setup.json, then
+    the server's state and history from the checkpoint (resume) or from round 0 (evaluated).
+    -> (S, out, start round, server state, client states, history); client states: the checkpoint's, or {}."""
+    check(cfg)
+    out = Path(cfg.out or f"runs/{cfg.task}-{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg.out = str(out)
+    S = build(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    C.save(cfg, out / "config.json")
+    (out / "setup.json").write_text(json.dumps({**S.info, **({"engine": engine} if engine else {})}, indent=1))
+    if resume:
+        start, state, client_states, history = load_checkpoint(out)
+        log(f"lightfed: {engine + ': ' if engine else ''}resuming {out} after round {start}")
+    else:
+        start, state, client_states = 0, S.method.init_state(S.model), {}
+        S.method.load(S.model, P.received(S.method, state, 0, cfg.max_message_bytes))
+        history = [{"round": 0, **evaluate(S.task, S.model)}]
+    rewrite_metrics(out, history, start, resume)
+    return S, out, start, state, client_states, history
 
 
 def evaluate(task: tasks.Task, model) -> dict:

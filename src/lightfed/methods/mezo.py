@@ -88,10 +88,8 @@ class MeZO(Method):
     in_place = False            # perturb by hooks on the owners (nothing written); True: in place (ZO-FLITE's z)
 
     def perturb(self, model, params, seed, scale):
-        """The context a perturbed forward runs in: zo.perturbed (weights), or zo.shifted (small blocks, views)."""
-        if self.in_place:
-            return zo.shifted(params, seed, scale, self.fast)
-        return zo.perturbed(model, params, seed, scale, self.owner_map, self.fast)
+        """The context a perturbed forward runs in (zo.perturbation, as this method's options say)."""
+        return zo.perturbation(model, params, seed, scale, self.owner_map, self.fast, self.in_place)
 
     # --- what a subclass changes -----------------------------------------------------------------
     def blocks(self) -> dict[str, list[str]]:

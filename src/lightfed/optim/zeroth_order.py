@@ -184,13 +184,18 @@ def two_point(loss: Callable[[], torch.Tensor], model: nn.Module, params: Params
     """Central estimate of the directional derivative along z(seed):
     g = (L(theta + eps z) - L(theta - eps z)) / (2 eps).   Returns (g, L+, L-) as Python floats.
     in_place: through `shifted` (small blocks, views of FLITE's z) instead of `perturbed`'s hooks."""
-    def at(scale):
-        return shifted(params, seed, scale, fast) if in_place else perturbed(model, params, seed, scale, owner_map, fast)
-    with at(+eps):
+    with perturbation(model, params, seed, +eps, owner_map, fast, in_place):
         lp = loss().double().item()
-    with at(-eps):
+    with perturbation(model, params, seed, -eps, owner_map, fast, in_place):
         lm = loss().double().item()
     return (lp - lm) / (2 * eps), lp, lm
+
+
+def perturbation(model: nn.Module, params: Params, seed: int, scale: float, owner_map=None, fast: bool = False,
+                 in_place: bool = False):
+    """The context a perturbed forward runs in: `perturbed` (hooks on the owners: nothing written, for weights)
+    or, in_place, `shifted` (small blocks written and restored: views of FLITE's z)."""
+    return shifted(params, seed, scale, fast) if in_place else perturbed(model, params, seed, scale, owner_map, fast)
 
 
 # --- updates and replay --------------------------------------------------------------------------

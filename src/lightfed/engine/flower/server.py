@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -87,26 +86,13 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
     from lightfed import secagg
     from lightfed.measure import Clock
 
-    local.check(cfg)
     opts = options(cfg)
     if threads or opts.server_threads:
         torch.set_num_threads(threads or opts.server_threads)
-    out = Path(cfg.out or f"runs/{cfg.task}-{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg.out = str(out)
     t_start = time.perf_counter()
-    S = local.build(cfg)
-    task, method, model = S.task, S.method, S.model
-    out.mkdir(parents=True, exist_ok=True)
-    C.save(cfg, out / "config.json")
-    (out / "setup.json").write_text(json.dumps({**S.info, "engine": engine}, indent=1))
-    if resume:                                  # the server's state from its checkpoint; clients keep theirs
-        start, state, _, history = local.load_checkpoint(out)
-        log(f"lightfed: {engine}: resuming {out} after round {start}")
-    else:
-        start, state = 0, method.init_state(model)
-        method.load(model, P.received(method, state, 0, cfg.max_message_bytes))
-        history = [{"round": 0, **local.evaluate(task, model)}]
-    local.rewrite_metrics(out, history, start, resume)
+    # client states live on the clients: the server keeps none (and checkpoints none)
+    S, out, start, state, _, history = local.begin(cfg, resume, log, engine)
+    method = S.method
 
     known: dict[int, int | None] = {}
     t = time.perf_counter()
