@@ -279,7 +279,9 @@ def markdown(res: dict) -> str:
         L.append("")
     for part in ("dp", "dropout", "hostile"):
         if part in res:
-            L += [res[part]["markdown"], ""]
+            r = res[part]
+            L += [_runs_md(part, r["rows"]), "", f"Command: `{r.get('command', '')}` ({r.get('seconds', 0) / 60:.0f} min; runs already "
+                  f"made with the same config are reused). Plot: `robustness_{part}.png`.", ""]
     return "\n".join(L)
 
 
@@ -541,8 +543,9 @@ def _runs_md(kind: str, rows: dict) -> str:
              "hostile": "Hostile clients (0, 1, 2 of 10)"}[kind]
     L = [f"## {title}\n", f"sentiment (real MiniLM), {BASE['clients']} clients, {BASE['rounds']} rounds x "
          f"{BASE['local_steps']} steps, {TASK['test_size']} test tweets; mean +- std over seeds.\n",
-         "| setting | round 0 | final accuracy | seeds | per seed | epsilon (delta 1e-5) | dropped clients (total) |",
-         "|---|---|---|---|---|---|---|"]
+         "| setting | round 0 | final accuracy | seeds | per seed" + {"dp": " | epsilon (delta 1e-5) |",
+                                                                 "dropout": " | dropped clients (total, mean over seeds) |"}.get(kind, " |"),
+         "|---|---|---|---|---|" + ("---|" if kind in ("dp", "dropout") else "")]
     if kind == "hostile":
         L.insert(2, "Hostile clients are clients 0..h-1 (sampled every round: fraction 1). FedAvg and FLITE start from the "
                     "task's random head; FedSPZO (the last two layers, split 1) from the federated probe's head. "
@@ -558,8 +561,8 @@ def _runs_md(kind: str, rows: dict) -> str:
         eps = "–" if not r["eps"] else ("inf (clip only)" if r["eps"][0] is None else f"{r['eps'][0]:.2f}")
         init = f"{np.mean(r['initial']):.3f}" if r["initial"] else "–"
         seeds = ", ".join(f"{x:.3f}" for x in r["finals"]) + (f"; {len(r['errors'])} failed" if r["errors"] else "")
-        L.append(f"| {k.replace('|', ' / ')} | {init} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {seeds} | {eps} | "
-                 f"{np.mean(r['dropped']) if r['dropped'] else 0:.0f} |")
+        extra = {"dp": f" {eps} |", "dropout": f" {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |"}.get(kind, "")
+        L.append(f"| {k.replace('|', ' / ')} | {init} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {seeds} |{extra}")
     return "\n".join(L)
 
 

@@ -13,6 +13,24 @@ from lightfed import config as C
 from lightfed.engine.flower.config import META, REC, Options, digest, options
 from lightfed.engine.flower.records import message_bytes, unpack_stats
 
+POLL = 0.1   # seconds between the ServerApp's pulls for replies (Flower's HTTP grid sleeps 3 s between pulls)
+
+
+def exchange(grid: Grid, msgs: list[Message], timeout: float | None) -> list[Message]:
+    """grid.send_and_receive, pulling every POLL s: the replies that came within `timeout` (None: all).
+    Pushing sets each message's id (callers map replies back through reply_to_message_id)."""
+    ids = set(grid.push_messages(msgs))
+    end = None if timeout is None else time.monotonic() + timeout
+    out: list[Message] = []
+    while ids and (end is None or time.monotonic() < end):
+        got = list(grid.pull_messages(ids))
+        out += got
+        ids -= {r.metadata.reply_to_message_id for r in got}
+        if ids:
+            time.sleep(POLL)
+    return out
+
+
 def _error_text(reply: Message) -> str:
     e = reply.error
     return f"flower error {e.code}: {e.reason}"
@@ -26,7 +44,7 @@ def discover(grid: Grid, cfg: C.RunConfig, opts: Options, known: dict, log) -> d
         if new:
             msgs = [Message(RecordDict({META: ConfigRecord({"config": digest(cfg)})}), dst_node_id=n,
                             message_type=MessageType.QUERY, group_id="discover") for n in new]
-            replies = list(grid.send_and_receive(msgs, timeout=opts.round_timeout or None))
+            replies = exchange(grid, msgs, opts.round_timeout or None)
             sent = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
             for r in replies:
                 node = sent.get(r.metadata.reply_to_message_id)
@@ -55,7 +73,7 @@ def _secagg_call(grid: Grid, nodes: dict[int, int], rnd: int, key: str, opts: Op
                                     META: ConfigRecord({"round": rnd, "cid": cid, "config": key, "secagg": phase})}),
                         dst_node_id=nodes[cid], message_type=MessageType.QUERY, group_id=f"{rnd}-secagg-{phase}")
                 for cid, req in requests.items() if cid in nodes]
-        replies = list(grid.send_and_receive(msgs, timeout=opts.round_timeout or None))
+        replies = exchange(grid, msgs, opts.round_timeout or None)
         sent = {m.metadata.message_id: cid for m, cid in zip(msgs, [c for c in requests if c in nodes])}   # ids: set when sent
         out = {}
         for r in replies:
@@ -138,7 +156,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
                     env_down[cid] = message_bytes(m, sizes) - len(down)
                 msgs.append(m)
         with clock("wait"):
-            replies = list(grid.send_and_receive(msgs, timeout=opts.round_timeout or None))
+            replies = exchange(grid, msgs, opts.round_timeout or None)
         with clock("replies"), no_object_id_recompute():
             got: dict[int, Message] = {}
             sent = {m.metadata.message_id: by_node[m.metadata.dst_node_id] for m in msgs}
