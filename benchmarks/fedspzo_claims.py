@@ -13,8 +13,11 @@ Writes benchmarks/results/fedspzo_claims.{json,md,png} (`_quick` / `_calibrate` 
 
 Protocol (what is compared, and what is not the paper's):
 - Every method starts from the same task model (pretrained backbone + the task's seeded random
-  head: ZO methods start at chance, see the spec's calibration notes; no linear-probe head,
-  because a probe-fitted head is not something a task can be configured with today).
+  head: ZO methods start at chance, see the spec's calibration notes). The committed results are
+  that setting. The start ZO fine-tuning needs (a head above chance) is measured elsewhere:
+  benchmarks/zoflite_claims.py starts every method from the federated probe's head (`method =
+  probe`, then `init`), 3 seeds; the prompt-based SmolLM2 setting (`psentiment`, zero-shot above
+  chance) has its task and tests but no grid yet (CPU cost: ~2 h per 1,000 two-point steps).
 - Zeroth-order methods train the SAME restricted set of weights (ZO_TRAINABLE: the last two
   transformer layers + the head for sentiment; the last two decoder layers for austen, whose
   lm_head is tied to the 28M-weight embedding) because drawing z for all 22.7M / 135M weights on
