@@ -325,12 +325,14 @@ def plots(res: dict) -> None:
         rows = res["dp"]["rows"]
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, method in enumerate(sorted({k.split("|")[0] for k in rows})):
-            pts = [(r["eps"][0], r["mean"], r["std"]) for k, r in rows.items()
-                   if k.startswith(method + "|z=") and r["eps"] and r["eps"][0] is not None]
-            pts.sort()
-            if pts:
-                x, y, e = zip(*pts)
-                ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=f"{method} (clip + noise)", color=f"C{i}")
+            for clip, ls in ((DP_CLIP[method], ":"), (DP_CLIP_MATCHED[method], "-")):
+                pre = f"{method}|z=" if clip == DP_CLIP[method] else f"{method}|C={clip:g}|z="
+                pts = sorted((r["eps"][0], r["mean"], r["std"]) for k, r in rows.items()
+                             if k.startswith(pre) and r["n"] and r["eps"] and r["eps"][0] is not None)
+                if pts:
+                    x, y, e = zip(*pts)
+                    ax.errorbar(x, y, yerr=e, marker="o", capsize=3, ls=ls, color=f"C{i}",
+                                label=f"{method}, clip C = {clip:g}")
             ref = rows.get(f"{method}|no DP")
             if ref and ref["n"]:
                 ax.axhline(ref["mean"], ls="--", color=f"C{i}", lw=1, label=f"{method}, no DP")
@@ -391,7 +393,12 @@ METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-3), "Fed
            # is zoflite_claims' calibrated one for these weights
            "FedSPZO": ("fedspzo", {"trainable": ZO_TRAINABLE, "z": "fast", "split": 1, "P1": 1, "Ps": 2}, 1e-5)}
 DP_NOISE = [0.0, 0.3, 1.0, 3.0]                 # z; 0.0 with the clip = clipping only; plus a run without DP
-DP_CLIP = {"FedAvg+LoRA": 0.5, "FLITE": 0.5}    # C: about the median update norm of a round without DP (dp_norm)
+DP_CLIP = {"FedAvg+LoRA": 0.5, "FLITE": 0.5}    # C: one clip for both (the table's first rows)
+# C at about each method's median update norm before clipping, read from the z = 0 runs at C = 0.5 (the DP
+# table prints them: FLITE's latent + head ~3.2, LoRA's adapters + head ~0.24): a clip that neither cuts
+# every update (FLITE at 0.5) nor lets the noise dwarf them (LoRA at 0.5)
+DP_CLIP_MATCHED = {"FedAvg+LoRA": 0.25, "FLITE": 3.0}
+DP_NOISE_MATCHED = [0.3, 1.0, 3.0]
 ATTACKS = ["sign-flip x10", "large-norm x1000"]
 
 
@@ -410,6 +417,9 @@ def runs_grid(kind: str, seeds) -> list[tuple[str, dict]]:
                 run(f"{method}|no DP", method, {})
                 for z in DP_NOISE:
                     run(f"{method}|z={z:g}", method, {"dp_clip": DP_CLIP[method], "dp_noise": z})
+                for z in DP_NOISE_MATCHED:
+                    C = DP_CLIP_MATCHED[method]
+                    run(f"{method}|C={C:g}|z={z:g}", method, {"dp_clip": C, "dp_noise": z})
         elif kind == "dropout":
             for method in ("FedAvg+LoRA", "FLITE"):
                 run(f"{method}|no faults", method, {})
@@ -543,9 +553,9 @@ def _runs_md(kind: str, rows: dict) -> str:
              "hostile": "Hostile clients (0, 1, 2 of 10)"}[kind]
     L = [f"## {title}\n", f"sentiment (real MiniLM), {BASE['clients']} clients, {BASE['rounds']} rounds x "
          f"{BASE['local_steps']} steps, {TASK['test_size']} test tweets; mean +- std over seeds.\n",
-         "| setting | round 0 | final accuracy | seeds | per seed" + {"dp": " | epsilon (delta 1e-5) |",
+         "| setting | round 0 | final accuracy | seeds | per seed" + {"dp": " | epsilon (delta 1e-5) | uploads clipped |",
                                                                  "dropout": " | dropped clients (total, mean over seeds) |"}.get(kind, " |"),
-         "|---|---|---|---|---|" + ("---|" if kind in ("dp", "dropout") else "")]
+         "|---|---|---|---|---|" + {"dp": "---|---|", "dropout": "---|"}.get(kind, "")]
     if kind == "hostile":
         L.insert(2, "Hostile clients are clients 0..h-1 (sampled every round: fraction 1). FedAvg and FLITE start from the "
                     "task's random head; FedSPZO (the last two layers, split 1) from the federated probe's head. "
@@ -561,7 +571,8 @@ def _runs_md(kind: str, rows: dict) -> str:
         eps = "–" if not r["eps"] else ("inf (clip only)" if r["eps"][0] is None else f"{r['eps'][0]:.2f}")
         init = f"{np.mean(r['initial']):.3f}" if r["initial"] else "–"
         seeds = ", ".join(f"{x:.3f}" for x in r["finals"]) + (f"; {len(r['errors'])} failed" if r["errors"] else "")
-        extra = {"dp": f" {eps} |", "dropout": f" {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |"}.get(kind, "")
+        clipped = f"{np.mean(r['clipped']):.0%}" if r.get("clipped") else "–"
+        extra = {"dp": f" {eps} | {clipped} |", "dropout": f" {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |"}.get(kind, "")
         L.append(f"| {k.replace('|', ' / ')} | {init} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {seeds} |{extra}")
     return "\n".join(L)
 
