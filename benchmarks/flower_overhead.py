@@ -83,6 +83,8 @@ def main(argv=None):
     ap.add_argument("--deployments", default="process,worker",
                     help="process: Flower's one client-app process per message; worker: engine_options.node_worker")
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
+    ap.add_argument("--note", default="run once; the load average counts the deployment's own SuperLink, SuperNodes "
+                    "and workers", help="what else ran on the machine (printed beside the load average)")
     a = ap.parse_args(argv)
     if a.report_only:
         name = "flower_overhead" + ("_quick" if a.quick else "")
@@ -134,7 +136,7 @@ def main(argv=None):
     load = os.getloadavg()
     data = {"meta": meta(f"python benchmarks/flower_overhead.py{' --quick' if a.quick else ''}",
                          flwr=__import__("flwr").__version__, cores=os.cpu_count(), loadavg_at_end=load,
-                         note="run once, on 2 cores shared with other benchmarks running at the same time"),
+                         note=a.note),
             "config": config(a.quick, ""), "runs": results,
             "identical_to_local": {k: not v for k, v in same.items()}, "differences": same}
     md = report(data)
