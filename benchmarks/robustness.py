@@ -1,7 +1,8 @@
 """Hardening, measured (issue #12): malformed messages, secure aggregation's cost, DP, dropouts.
 
     python benchmarks/robustness.py --parts fuzz,secagg            # minutes
-    python benchmarks/robustness.py --parts dp,dropout,hostile     # real MiniLM runs (CPU: hours; GPU-sized)
+    python benchmarks/robustness.py --parts dp,dropout --seeds 0,1,2   # real MiniLM runs, ~100 s each on one core
+    python benchmarks/robustness.py --parts hostile --seeds 0         # 30 runs (~40 min on 2 cores) a seed
     python benchmarks/robustness.py --render                        # markdown + plots again from the JSON
 
 Parts:
@@ -14,7 +15,8 @@ Parts:
   mutants that are still well-formed messages (accepted as such: not malformed).
 - secagg: bytes and seconds of a round with secure aggregation vs plain, at MiniLM's dense size, FLITE's
   latent and a LoRA-sized update, 10 clients, with 0 and 3 dropped.
-- dp: final accuracy vs epsilon for FedAvg+LoRA and FLITE on sentiment (MiniLM), 3 seeds each.
+- dp: final accuracy vs epsilon for FedAvg+LoRA and FLITE on sentiment (MiniLM), 3 seeds each, at one clip
+  for both (C = 0.5) and at a clip near each method's own update norm.
 - dropout: accuracy by round with 0% and 30% of clients failing per round plus stragglers past a 2x
   deadline, FedAvg+LoRA and FLITE on sentiment.
 - hostile: 0, 1 or 2 of 10 clients hostile (a x10 sign flip or a x1000 update; the zeroth-order client applies
@@ -337,9 +339,12 @@ def plots(res: dict) -> None:
             if ref and ref["n"]:
                 ax.axhline(ref["mean"], ls="--", color=f"C{i}", lw=1, label=f"{method}, no DP")
         ax.set_xscale("log")
+        eps = sorted({r["eps"][0] for r in rows.values() if r["eps"] and r["eps"][0] is not None})
+        ax.set_xticks(eps, [f"{e:.1f}" for e in eps])
+        ax.minorticks_off()
         ax.set(xlabel="epsilon (delta 1e-5, whoever sees the sum)", ylabel="final test accuracy",
                title="sentiment (MiniLM): accuracy vs epsilon, mean +- std over seeds")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         fig.savefig(RESULTS / "robustness_dp.png", dpi=120)
         plt.close(fig)
