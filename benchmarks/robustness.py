@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, meta, run_grid, write  # noqa: E402
+from common import RESULTS, meta, run_grid, verdict, write  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
@@ -572,6 +572,22 @@ def _runs_md(kind: str, rows: dict) -> str:
                 L.insert(2, f"{k.split('|')[0]}: the clients' update norms before clipping, median {np.median(r['norms']):.3f} "
                             f"(min {min(r['norms']):.3f}, max {max(r['norms']):.3f}); clipped {np.mean(r['clipped']):.0%} "
                             f"of {len(r['clipped'])} uploads at C = {DP_CLIP[k.split('|')[0]]}.\n")
+    if kind == "dp":                      # does FLITE keep more accuracy than LoRA at the same epsilon?
+        by_eps: dict = {}
+        for k, r in rows.items():
+            if r["eps"] and r["eps"][0] is not None and r["n"]:
+                by_eps.setdefault(round(r["eps"][0], 2), {}).setdefault(k.split("|")[0], []).append((r["mean"], k, r["finals"]))
+        out = []
+        for e, ms in sorted(by_eps.items()):
+            if {"FLITE", "FedAvg+LoRA"} <= set(ms):
+                (_, kf, f), (_, kl, l) = max(ms["FLITE"]), max(ms["FedAvg+LoRA"])
+                out.append(f"- epsilon {e:g}: {kf.replace('|', ' / ')} {np.mean(f):.3f} vs {kl.replace('|', ' / ')} "
+                           f"{np.mean(l):.3f}: FLITE higher **{verdict(f, l, a_lower=False)}**")
+        if out:
+            L[2:2] = ["FLITE above FedAvg+LoRA at the same epsilon, each method at the better of its two clips (picked "
+                      "by the mean, after the runs; rows without C use C = 0.5). Epsilon depends on the noise "
+                      "multiplier, the sampling rate and the rounds only, the same for both; what the dimension "
+                      "changes is the accuracy the noise leaves:\n"] + out + [""]
     for k, r in rows.items():
         eps = "–" if not r["eps"] else ("inf (clip only)" if r["eps"][0] is None else f"{r['eps'][0]:.2f}")
         init = f"{np.mean(r['initial']):.3f}" if r["initial"] else "–"
