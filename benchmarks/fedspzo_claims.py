@@ -17,7 +17,8 @@ Protocol (what is compared, and what is not the paper's):
   that setting. The start ZO fine-tuning needs (a head above chance) is measured elsewhere:
   benchmarks/zoflite_claims.py starts every method from the federated probe's head (`method =
   probe`, then `init`), 3 seeds; the prompt-based SmolLM2 setting (`psentiment`, zero-shot above
-  chance) has its task and tests but no grid yet (CPU cost: ~2 h per 1,000 two-point steps).
+  chance) is `zoflite_claims.py --setting prompt` (FedSPZO, DeComFL, ZO-FLITE both ways and
+  FedAvg+LoRA, 3 seeds, a few hundred client steps a run: CPU-sized).
 - Zeroth-order methods train the SAME restricted set of weights (ZO_TRAINABLE: the last two
   transformer layers + the head for sentiment; the last two decoder layers for austen, whose
   lm_head is tied to the 28M-weight embedding) because drawing z for all 22.7M / 135M weights on

@@ -1,0 +1,41 @@
+"""The benchmarks' verdict rules: a claim is "met" only over 3 seeds that separate the claimed way, and a run that
+never reaches a target counts only through the bound its whole-run cost gives."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from common import verdict  # noqa: E402
+from zoflite_claims import flops_claim  # noqa: E402
+
+
+def test_verdict_needs_three_separated_seeds():
+    assert verdict([0.80, 0.81, 0.82], [0.70, 0.71, 0.72], a_lower=False) == "met"
+    assert verdict([0.80, 0.81, 0.82], [0.70, 0.71, 0.72], a_lower=True) == "missed"
+    assert verdict([0.70, 0.81, 0.82], [0.70, 0.71, 0.72], a_lower=False).startswith("inconclusive")
+    assert verdict([0.80, 0.81], [0.70, 0.71], a_lower=False).startswith("inconclusive")
+
+
+def row(label, to, total):
+    return {"label": label, "seeds": [0, 1, 2], "flops_to_target": to, "flops_total": total}
+
+
+def test_flops_claim_exact_ratios():
+    fast, slow = row("fast", [1.0, 1.0, 2.0], [5.0] * 3), row("slow", [20.0, 15.0, 30.0], [50.0] * 3)
+    c = flops_claim(fast, slow, 10, 0.7)                                 # 20x, 15x, 15x
+    assert c["verdict"] == "met" and "s1: 15.0x" in c["measured"]
+    assert flops_claim(fast, slow, 20, 0.7)["verdict"].startswith("inconclusive (2 of 3")   # one seed at 20x, two below
+    assert flops_claim(fast, slow, 25, 0.7)["verdict"] == "missed"
+
+
+def test_flops_claim_censored_runs_give_bounds():
+    fast = row("fast", [1.0, 1.0, 1.0], [4.0] * 3)
+    never = row("slow", [None, None, None], [12.0, 15.0, 30.0])          # slow never reached it: ratio > 12, 15, 30
+    c = flops_claim(fast, never, 10, 0.7)
+    assert c["verdict"] == "met (lower bound)" and "> 12.0x" in c["measured"]
+    short = row("slow", [None, None, None], [5.0, 5.0, 30.0])            # its run too short to bound 10x on 2 seeds
+    assert flops_claim(fast, short, 10, 0.7)["verdict"].startswith("inconclusive")
+    f_never = row("fast", [None, None, None], [8.0] * 3)
+    s_early = row("slow", [2.0, 2.0, 2.0], [9.0] * 3)                    # ratio < 2 / 8: far below 10x
+    assert flops_claim(f_never, s_early, 10, 0.7)["verdict"] == "missed"
+    both_never = row("slow", [None] * 3, [9.0] * 3)
+    assert flops_claim(f_never, both_never, 10, 0.7)["verdict"].startswith("inconclusive (0 of 3")
