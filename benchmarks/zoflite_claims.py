@@ -153,6 +153,27 @@ def to_target(x, y, target):
     return next((f for f, a in zip(x[1:], y[1:]) if a >= target), None)
 
 
+def recalibration(base: dict) -> dict:
+    """A diagnostic for the prompt setting: the pretrained LM's test accuracy with the best single bias between
+    the two label words (the threshold on their logit margin, chosen on the test set itself: an oracle, not a
+    method). A run that ends at or below it has done no more than recalibrate the label words."""
+    import torch
+    from lightfed import tasks
+    from lightfed.data.tensors import batches
+    from lightfed.models.backbones import label_scores
+    t = tasks.build(base["task"], base["task_options"], base["seed"])
+    m, d, y = t.model.eval(), [], []
+    with torch.no_grad():
+        for b in batches(t.test, 32):
+            sc = label_scores(m, b["input_ids"], b["attention_mask"], b["label_ids"])  # (B, 2)
+            d.append(sc[:, 1] - sc[:, 0])
+            y.append(b["labels"])
+    d, y = torch.cat(d), torch.cat(y)
+    acc = lambda th: ((d > th).long() == y).float().mean().item()   # noqa: E731
+    best = max(torch.cat([d, torch.tensor([d.min().item() - 1])]).tolist(), key=acc)
+    return {"zero_shot": acc(0.0), "best_bias": acc(best), "margin": best, "positive_share": (d > 0).float().mean().item()}
+
+
 def flops_claim(fast: dict, slow: dict, factor: float, target: float) -> dict:
     """`fast` reaches `target` with >= factor x fewer client FLOPs than `slow`, seed by seed. A run that never reaches
     it is censored at its whole-run FLOPs: fast reached, slow not -> ratio > slow_total / fast_to; the reverse ->
@@ -261,6 +282,12 @@ def render(res: dict) -> str:
         L.append(f"| {r['label']} | {r['mean']:.4f} ± {r['std']:.4f} (n = {len(r['finals'])}) | {r['min']:.4f} / {r['max']:.4f} | "
                  f"{np.mean(r['initials']):.4f} | {r['up_bytes']:,.0f} | {r['down_bytes']:,.0f} | {r['trainable']:,} | "
                  f"{np.mean(r['flops_total']):.3g} | {human_bytes(r['accounted_memory'])} |")
+    if res.get("recalibration"):
+        rc = res["recalibration"]
+        L += ["", f"Diagnostic (an oracle, not a method): the pretrained LM predicts \" positive\" for {rc['positive_share']:.1%} "
+              f"of the test prompts at {rc['zero_shot']:.4f}; the best single bias between the two label words "
+              f"(logit margin > {rc['margin']:.3f}, chosen on the test set) gives {rc['best_bias']:.4f}. A run at or below "
+              "that has done no more than recalibrate the label words."]
     L += ["", "| target | measured | verdict |", "|---|---|---|"]
     L += [f"| {t['target']} | {t['measured']} | **{t['verdict']}** |" for t in res["targets"]]
     if res["missing"]:
@@ -281,6 +308,9 @@ def plot(res: dict, path: Path) -> None:
                 ax.plot(np.maximum(x, 1), y, color=f"C{j}", alpha=0.8, marker=".", label=r["label"] if i == 0 else None)
         if res.get("target"):
             ax.axhline(res["target"], color="grey", ls="--", lw=0.8, label="target")
+        if res.get("recalibration"):
+            ax.axhline(res["recalibration"]["best_bias"], color="black", ls=":", lw=0.8,
+                       label="zero-shot with the best label bias (test-set oracle)")
         ax.set_xscale("log")
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel("accuracy (one line per seed)")
@@ -333,6 +363,7 @@ def main(argv=None) -> None:
            "config": {"setting": a.setting, "base": _base(S, a.quick, 0), "seeds": seeds, "lr": S["lr"], "workers": a.workers,
                       "first_order": S["first_order"], "methods": {m: o for _, m, o in S["methods"]}},
            "wall_s": time.time() - t0, "probes": [{"seed": p["config"]["seed"], "final": p.get("final")} for p in ps if "error" not in p],
+           **({} if S["probe"] else {"recalibration": recalibration(_base(S, a.quick, 0))}),
            **summarize(grid, ss, S["methods"])}
     md = render(res)
     if res["rows"]:
