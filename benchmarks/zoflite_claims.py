@@ -309,8 +309,11 @@ def plot(res: dict, path: Path) -> None:
     for ax, key, xlabel in ((axes[0], "curves", "cumulative client FLOPs (log; forward only for ZO, forward + backward for LoRA)"),
                             (axes[1], "byte_curves", "cumulative bytes, up + down, all clients (log; encoded messages)")):
         for j, r in enumerate(res["rows"]):
-            for i, (x, y) in enumerate(r.get(key, [])):
-                ax.plot(np.maximum(x, 1), y, color=f"C{j}", alpha=0.8, marker=".", label=r["label"] if i == 0 else None)
+            for i, (x, y) in enumerate(r.get(key, [])):   # round 0 (x = 0) is the "start" line on a log axis
+                ax.plot(x[1:], y[1:], color=f"C{j}", alpha=0.8, marker=".", label=r["label"] if i == 0 else None)
+        starts = [i for r in res["rows"] for i in r["initials"]]
+        if starts:
+            ax.axhline(float(np.mean(starts)), color="grey", ls="-", lw=0.8, label="start (round 0)")
         if res.get("target"):
             ax.axhline(res["target"], color="grey", ls="--", lw=0.8, label="target")
         if res.get("recalibration"):
