@@ -18,7 +18,7 @@ scored by the label words " negative" / " positive" (zero-shot above chance: rou
 same five methods: ZO-FLITE on z (r = 20: 84,400 latents over the 211 linear layers), FedSPZO and DeComFL on the
 last two decoder layers (7.1M weights; FedSPZO's f2 = the last layer + the final norm + the tied lm_head's two
 label-word rows, read, not trained), FedAvg+LoRA with fewer local steps (first order converges in fewer; the
-curves are read against FLOPs). Sized for the 2 CPU cores (see PROMPT): hundreds of client steps a run, not the
+curves are read against FLOPs). Sized for the 2 CPU cores (SETTINGS["prompt"]): hundreds of client steps a run, not the
 thousands the ZO papers run: a GPU session should raise rounds and local_steps.
 Every ZO method runs the same rounds and steps; its lr is the calibration's (see SETTINGS[...]["lr"]). Reported per method over 3 seeds: final accuracy, the curve against cumulative
 client forward FLOPs (summary flops, FlopCounterMode per sample x samples), uplink / downlink bytes per client
@@ -135,17 +135,19 @@ def configs(S: dict, seeds, quick: bool, calibrate: bool = False, only: list[str
     return probes, grid
 
 
-def curve(s: dict, of=lambda c: c.get("flops", 0)) -> tuple[list[float], list[float]]:
-    """(cumulative client forward FLOPs after each evaluated round, accuracy then), from metrics.jsonl; `of` picks
-    another per-client cost (bytes: up + down, the encoded messages' lengths)."""
+def curves(s: dict) -> tuple[tuple[list, list], tuple[list, list]]:
+    """From one read of metrics.jsonl: (cumulative client forward FLOPs, accuracy) and (cumulative bytes up + down,
+    the encoded messages' lengths, accuracy), one point per evaluated round."""
     recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()]
-    x, y, tot = [0.0], [recs[0][s["metric"]]], 0.0
+    fx, bx, y, flops, sent = [0.0], [0.0], [recs[0][s["metric"]]], 0.0, 0.0
     for r in recs[1:]:
-        tot += sum(of(c) for c in r.get("clients", []))
+        flops += sum(c.get("flops", 0) for c in r.get("clients", []))
+        sent += sum(c["up"] + c["down"] for c in r.get("clients", []))
         if s["metric"] in r:
-            x.append(tot)
+            fx.append(flops)
+            bx.append(sent)
             y.append(r[s["metric"]])
-    return x, y
+    return (fx, y), (bx, y)
 
 
 def to_target(x, y, target):
@@ -181,8 +183,9 @@ def flops_claim(fast: dict, slow: dict, factor: float, target: float) -> dict:
     def by_seed(r):
         return {sd: (t, tot) for sd, t, tot in zip(r["seeds"], r["flops_to_target"], r["flops_total"])}
     F, S = by_seed(fast), by_seed(slow)
-    shown, parts, above, below = 0, [], 0, 0
-    for sd in sorted(set(F) & set(S)):
+    common = sorted(set(F) & set(S))
+    parts, above, below = [], 0, 0
+    for sd in common:
         (tf, totf), (ts, tots) = F[sd], S[sd]
         if tf and ts:
             x = ts / tf
@@ -198,7 +201,7 @@ def flops_claim(fast: dict, slow: dict, factor: float, target: float) -> dict:
             below += x <= factor
         else:
             parts.append(f"s{sd}: neither reached it")
-        shown += 1
+    shown = len(common)
     v = ("met" + (" (lower bound)" if any(">" in p for p in parts) else "") if above >= 3 and above == shown else
          "missed" if below >= 3 and below == shown else
          f"inconclusive ({max(above, below)} of {shown} seed(s) decide it; a claim needs 3)")
@@ -221,15 +224,15 @@ def summarize(grid, summaries, methods) -> dict:
         if not ss:
             continue
         fin = [s["final"] for s in ss]
-        curves = [curve(s) for s in ss]
+        both = [curves(s) for s in ss]
+        flop_curves = [f for f, _ in both]
         mem = [s["memory"].get("client_accounted_bytes") or 0 for s in ss]
         rows.append({"label": label, "method": m, "seeds": [s["config"]["seed"] for s in ss], "finals": fin,
                      "initials": [s["initial"] for s in ss], "mean": float(np.mean(fin)), "std": float(np.std(fin)),
-                     "min": min(fin), "max": max(fin), "curves": curves,
-                     "byte_curves": [curve(s, lambda c: c["up"] + c["down"]) for s in ss],
+                     "min": min(fin), "max": max(fin), "curves": flop_curves, "byte_curves": [b for _, b in both],
                      "up_bytes": max(s["bytes"]["up_per_client_round"] for s in ss),
                      "down_bytes": max(s["bytes"]["down_per_client_round"] for s in ss),
-                     "flops_total": [float(x[-1]) for x, _ in curves], "accounted_memory": max(mem),
+                     "flops_total": [float(x[-1]) for x, _ in flop_curves], "accounted_memory": max(mem),
                      "trainable": ss[0]["trainable_params"]})
     get = {r["method"]: r for r in rows}
     targets = []
