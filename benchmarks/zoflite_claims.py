@@ -50,7 +50,7 @@ from lightfed.report import human_bytes  # noqa: E402
 ZO_FLITE, ZO_FLITE_SPLIT = "ZO-FLITE (DeComFL's step in z)", "ZO-FLITE split (FedSPZO's step in z)"
 SETTINGS = {
     "probed": {
-        "name": "zoflite_claims", "runs": Path("runs/bench-zoflite_claims"), "probe": True,
+        "name": "zoflite_claims", "calibration": "zoflite_claims_calibrate.md", "runs": Path("runs/bench-zoflite_claims"), "probe": True,
         "base": {"task": "sentiment", "clients": 10, "fraction": 0.5, "batch_size": 8, "local_steps": 10, "rounds": 20,
                  "partition": "iid", "eval_every": 1, "progress": False,
                  "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}},
@@ -62,18 +62,22 @@ SETTINGS = {
         # calibrated (results/zoflite_claims_calibrate.md): of lrs[m], the lr with the lowest last-round train loss
         # (every lr sees the same batches) among those that keep the accuracy within 1 pp of the probed start. (The
         # probe's head gives large logits: CE ~3.8 at 80% accuracy, so a lower CE can come with a lower accuracy.)
-        "lr": {"zoflite": 1e-3, "zoflite_split": 1e-3, "fedspzo": 1e-5, "decomfl": 1e-5},
+        "lr": {"zoflite": 1e-3, "zoflite_split": 1e-3, "fedspzo": 1e-5, "decomfl": 1e-5, "fedzo": 1e-5},   # FedZO: DeComFL's
         "methods": [  # (label, method, options); lr from "lr" (ZO) or the run's own
             (ZO_FLITE, "zoflite", {"r": 20, "head": "keep", "P": 1}),
             (ZO_FLITE_SPLIT, "zoflite_split", {"r": 20, "head": "keep", "split": 1, "P1": 1, "Ps": 2}),
             ("FedSPZO (weights)", "fedspzo", {"trainable": "layer.4.,layer.5.", "z": "fast", "split": 1, "P1": 1, "Ps": 2}),
             ("DeComFL (weights)", "decomfl", {"trainable": "layer.4.,layer.5.", "z": "fast", "P": 1}),
             ("FedAvg+LoRA (first order)", "lora", {}),
+            # mu = 1e-3 x sqrt(3,548,928): the norm of the others' perturbation (see the prompt setting)
+            ("FedZO (weights)", "fedzo", {"trainable": "layer.4.,layer.5.", "z": "fast", "b2": 4, "mu": 1.884}),
+            ("FedAvg (first order, all weights)", "fedavg", {}),
         ],
         "first_order": {},
+        "first_order_lr": {"fedavg": 5e-5},  # AdamW on all 22.6M weights (as fedspzo_claims); LoRA: 5e-4
     },
     "prompt": {
-        "name": "zoflite_prompt", "runs": Path("runs/bench-zoflite_prompt"), "probe": False,
+        "name": "zoflite_prompt", "calibration": "zoflite_prompt_calibrate.md", "runs": Path("runs/bench-zoflite_prompt"), "probe": False,
         # 2 clients a round x 20 steps of 8 prompts (<= 48 tokens, ~38 on average): 320 client steps a ZO run,
         # ~1.5 s a two-point step on one thread; 500 test prompts (one = 0.2 pp)
         "base": {"task": "psentiment", "clients": 10, "fraction": 0.2, "batch_size": 8, "local_steps": 20, "rounds": 8,
@@ -248,6 +252,8 @@ def summarize(grid, summaries, methods) -> dict:
                      "up_bytes": max(s["bytes"]["up_per_client_round"] for s in ss),
                      "down_bytes": max(s["bytes"]["down_per_client_round"] for s in ss),
                      "flops_total": [float(x[-1]) for x, _ in flop_curves], "accounted_memory": max(mem),
+                     "rss_peak": max(s["memory"].get("client_rss_peak_bytes") or 0 for s in ss),
+                     "rss_rise": max(s["memory"].get("client_rss_rise_bytes") or 0 for s in ss),
                      "trainable": ss[0]["trainable_params"]})
     get = {r["method"]: r for r in rows}
     targets = []
@@ -276,6 +282,11 @@ def summarize(grid, summaries, methods) -> dict:
                             "measured": f"{human_bytes(zf['accounted_memory'])} vs {human_bytes(lo['accounted_memory'])}"
                                         + (f" ({ratio:.2f}x)" if ratio else ""),
                             "verdict": "met" if ratio is not None and ratio <= 0.5 else "missed"})
+            if zf["rss_peak"] and lo["rss_peak"]:
+                targets.append({"target": "ZO-FLITE measured memory vs FedAvg+LoRA's: peak RSS; its rise in a client update",
+                                "measured": f"{zf['rss_peak'] / lo['rss_peak']:.2f}x; {zf['rss_rise'] / max(lo['rss_rise'], 1):.3f}x "
+                                            f"({human_bytes(zf['rss_rise'])} vs {human_bytes(lo['rss_rise'])})",
+                                "verdict": "reported"})
             if fs:
                 targets.append({"target": "ZO-FLITE final accuracy above FedSPZO's (weights), same client steps",
                                 "measured": f"{zf['mean']:.4f} vs {fs['mean']:.4f}",
@@ -294,18 +305,24 @@ def render(res: dict) -> str:
          f"Setting `{c['setting']}`: `{json.dumps({k: v for k, v in c['base'].items() if k != 'progress'})}`, seeds {c['seeds']}, "
          + ("every method from the seed's probed head" if c["setting"] == "probed" else
             f"every method from the pretrained LM (zero-shot); first-order runs: {json.dumps(c['first_order'])}")
-         + f"; ZO lrs {json.dumps(c['lr'])} (calibration: {res['name'].replace('_quick', '')}_calibrate.md); "
+         + f"; ZO lrs {json.dumps(c['lr'])} (calibration: {c['calibration']}); "
          f"methods and options: {json.dumps(c['methods'])}. Each run on one torch thread ({c['workers']} side by side); "
          f"the runs' own wall time adds up to {res.get('runs_wall_s', 0) / 60:.0f} min (this invocation: {res['wall_s'] / 60:.0f} min; "
          "finished runs are reused)."
          + (f" A prompt averages {res['prompt_tokens_mean']:.1f} tokens (train and test)." if res.get("prompt_tokens_mean") else "")
          + (f" Target accuracy: {res['target']:.4f} (round 0 + {GAIN * 100:g} pp)." if res.get("target") else "") + "\n",
          "| method | accuracy (mean ± std) | min / max | round 0 | up B/client/round | down B/client/round | trainable | "
-         "client forward FLOPs, whole run (mean) | accounted client memory |", "|---|---|---|---|---|---|---|---|---|"]
+         "client forward FLOPs, whole run (mean) | accounted client memory | peak RSS (process) / its rise in a client update |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         L.append(f"| {r['label']} | {r['mean']:.4f} ± {r['std']:.4f} (n = {len(r['finals'])}) | {r['min']:.4f} / {r['max']:.4f} | "
                  f"{np.mean(r['initials']):.4f} | {r['up_bytes']:,.0f} | {r['down_bytes']:,.0f} | {r['trainable']:,} | "
-                 f"{np.mean(r['flops_total']):.3g} | {human_bytes(r['accounted_memory'])} |")
+                 f"{np.mean(r['flops_total']):.3g} | {human_bytes(r['accounted_memory'])} | "
+                 f"{human_bytes(r.get('rss_peak'))} / {human_bytes(r.get('rss_rise'))} |")
+    L += ["", "Memory: accounted = the client's own tensors (weights, activations of one forward (and backward for "
+          "first order: gradients, optimizer state), transient perturbation); peak RSS = the whole process's during a "
+          "client update (the in-process engine also holds the server's state and the data), its rise = above the RSS "
+          "at the update's start. FLOPs: forward only for ZO; forward + backward for first order."]
     if res.get("recalibration"):
         rc = res["recalibration"]
         L += ["", f"Diagnostic (an oracle, not a method): the pretrained LM predicts \" positive\" for {rc['positive_share']:.1%} "
@@ -387,7 +404,7 @@ def main(argv=None) -> None:
         print("\n".join(L))
         return
     res = {"meta": meta(cmd), "name": name,
-           "config": {"setting": a.setting, "base": _base(S, a.quick, 0), "seeds": seeds, "lr": S["lr"], "workers": a.workers,
+           "config": {"setting": a.setting, "base": _base(S, a.quick, 0), "seeds": seeds, "lr": S["lr"], "calibration": S["calibration"], "workers": a.workers,
                       "first_order": S["first_order"], "methods": {m: o for _, m, o in S["methods"]}},
            "wall_s": time.time() - t0, "runs_wall_s": sum(x["time"]["wall"] for x in ss if "error" not in x), "probes": [{"seed": p["config"]["seed"], "final": p.get("final")} for p in ps if "error" not in p],
            **({} if S["probe"] else {"recalibration": recalibration(_base(S, a.quick, 0))}),
