@@ -1,10 +1,12 @@
 """Zeroth order in FLITE's latent vs on the weights (issue #10, items 3-4), in two settings where ZO starts above chance.
 
     python benchmarks/zoflite_claims.py --calibrate     # the ZO lr sweep, centralised (1 client): writes _calibrate
-    python benchmarks/zoflite_claims.py                 # the grid: 5 methods x seeds 0,1,2
+    python benchmarks/zoflite_claims.py                 # the grid: 7 methods x seeds 0,1,2
     python benchmarks/zoflite_claims.py --from-runs     # report the runs that finished, list the others
     python benchmarks/zoflite_claims.py --quick         # smoke test at tiny sizes
     python benchmarks/zoflite_claims.py --setting prompt [--calibrate]   # the prompt-based setting (SmolLM2)
+    python benchmarks/zoflite_claims.py --setting prompt_long --seeds 0  # one ZO-FLITE run of 2,000 client steps
+    python benchmarks/zoflite_claims.py --setting prompt --methods fedzo,fedavg   # some methods only
 
 Setting `probed` (the default; results zoflite_claims*): sentiment on real MiniLM-L6, 10 clients, half a round,
 K local steps of B examples, every method starting from the same probed head (methods/probe.py, one round: LP
@@ -12,14 +14,17 @@ then ZO, so ZO starts above chance).
 - ZO-FLITE: DeComFL's client and aggregator on FLITE's latent z (r = 20: 14,400 latents; the probe's head kept);
 - ZO-FLITE split: FedSPZO's split step on the slices of z (theta1: f1's layers, theta2: the last layer's);
 - FedSPZO and DeComFL on the weights: the last two layers (3.5M weights; the head kept);
-- FedAvg+LoRA: the first-order reference (rank-8 q/v adapters + head, AdamW).
+- FedZO on the same weights, as published (b2 = 4 one-sided directions on the unit sphere, full-weight uplink), its
+  radius mu matched to the others' perturbation norm, DeComFL's lr;
+- FedAvg+LoRA: the first-order reference (rank-8 q/v adapters + head, AdamW); FedAvg: all weights (AdamW 5e-5).
 Setting `prompt` (results zoflite_prompt*): psentiment on real SmolLM2-135M, the prompt "Tweet: {text}\nSentiment:"
 scored by the label words " negative" / " positive" (zero-shot above chance: round 0), no head and no probe. The
-same five methods: ZO-FLITE on z (r = 20: 84,400 latents over the 211 linear layers), FedSPZO and DeComFL on the
+same seven methods: ZO-FLITE on z (r = 20: 84,400 latents over the 211 linear layers), FedSPZO and DeComFL on the
 last two decoder layers (7.1M weights; FedSPZO's f2 = the last layer + the final norm + the tied lm_head's two
-label-word rows, read, not trained), FedAvg+LoRA with fewer local steps (first order converges in fewer; the
+label-word rows, read, not trained), FedZO on those weights, FedAvg+LoRA and FedAvg with fewer local steps (first order converges in fewer; the
 curves are read against FLOPs). Sized for the 2 CPU cores (SETTINGS["prompt"]): hundreds of client steps a run, not the
-thousands the ZO papers run: a GPU session should raise rounds and local_steps.
+thousands the ZO papers run: a GPU session should raise rounds and local_steps. Setting `prompt_long` (results
+zoflite_prompt_long*): one seed of ZO-FLITE for 2,000 client steps (40 rounds x 25 steps x 2 clients).
 Every ZO method runs the same rounds and steps; its lr is the calibration's (see SETTINGS[...]["lr"]). Reported per method over 3 seeds: final accuracy, the curve against cumulative
 client forward FLOPs (summary flops, FlopCounterMode per sample x samples), uplink / downlink bytes per client
 per round (len() of the messages), accounted client memory (weights + activations + transient z).
