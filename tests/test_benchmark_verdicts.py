@@ -3,6 +3,8 @@ never reaches a target counts only through the bound its whole-run cost gives.""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from common import verdict  # noqa: E402
 from zoflite_claims import flops_claim  # noqa: E402
@@ -39,3 +41,20 @@ def test_flops_claim_censored_runs_give_bounds():
     assert flops_claim(f_never, s_early, 10, 0.7)["verdict"] == "missed"
     both_never = row("slow", [None] * 3, [9.0] * 3)
     assert flops_claim(f_never, both_never, 10, 0.7)["verdict"].startswith("inconclusive (0 of 3")
+
+
+@pytest.mark.parametrize("setting", ["probed", "prompt", "prompt_long"])
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_grid_config_of_zoflite_claims_validates(setting, quick):
+    """A typo in a method's options fails here, not an hour into a grid (init is left out: the probe runs it names
+    are made by the grid itself)."""
+    from lightfed import config as C
+    from lightfed.engine import local
+    from zoflite_claims import SETTINGS, configs
+    S = SETTINGS[setting]
+    probes, grid = configs(S, [0, 1, 2], quick)
+    assert len(grid) == 3 * len(S["methods"]) and len(probes) == (3 if S["probe"] else 0)
+    for _, c in probes + grid:
+        local.check(C.from_dict({k: v for k, v in c.items() if k != "init"}))
+    zo_lrs = {c["method"]: c["lr"] for _, c in grid if c["method"] in S["lr"]}
+    assert zo_lrs == {m: S["lr"][m] for m in zo_lrs}   # every ZO run takes its calibrated lr
