@@ -200,6 +200,12 @@ def recalibration(base: dict) -> dict:
     return {"zero_shot": acc(0.0), "best_bias": acc(best), "margin": best, "positive_share": (d > 0).float().mean().item()}
 
 
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of an accuracy p measured on n examples."""
+    c, h = (p + z * z / (2 * n)) / (1 + z * z / n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return c - h, c + h
+
+
 def flops_claim(fast: dict, slow: dict, factor: float, target: float) -> dict:
     """`fast` reaches `target` with >= factor x fewer client FLOPs than `slow`, seed by seed. A run that never reaches
     it is censored at its whole-run FLOPs: fast reached, slow not -> ratio > slow_total / fast_to; the reverse ->
@@ -324,6 +330,13 @@ def render(res: dict) -> str:
                  f"{np.mean(r['initials']):.4f} | {r['up_bytes']:,.0f} | {r['down_bytes']:,.0f} | {r['trainable']:,} | "
                  f"{np.mean(r['flops_total']):.3g} | {human_bytes(r['accounted_memory'])} | "
                  f"{human_bytes(r.get('rss_peak'))} / {human_bytes(r.get('rss_rise'))} |")
+    n_test = c["base"]["task_options"].get("test_size")
+    for r in res["rows"]:
+        if len(r["finals"]) == 1 and n_test:   # one seed: the test sample's own spread is all there is to read
+            lo, hi = wilson(r["mean"], n_test)
+            L += ["", f"{r['label']}, one seed: {r['mean']:.4f} on {n_test} test examples has a 95% Wilson interval of "
+                  f"[{lo:.4f}, {hi:.4f}] from the test sample alone; its evaluated rounds after round 0 range "
+                  f"{min(min(y[1:]) for _, y in r['curves']):.4f}-{max(max(y[1:]) for _, y in r['curves']):.4f}."]
     L += ["", "Memory: accounted = the client's own tensors (weights, activations of one forward (and backward for "
           "first order: gradients, optimizer state), transient perturbation); peak RSS = the whole process's during a "
           "client update (the in-process engine also holds the server's state and the data), its rise = above the RSS "

@@ -58,3 +58,12 @@ def test_every_grid_config_of_zoflite_claims_validates(setting, quick):
         local.check(C.from_dict({k: v for k, v in c.items() if k != "init"}))
     zo_lrs = {c["method"]: c["lr"] for _, c in grid if c["method"] in S["lr"]}
     assert zo_lrs == {m: S["lr"][m] for m in zo_lrs}   # every ZO run takes its calibrated lr
+
+
+def test_wilson_interval_matches_a_hand_computation():
+    from zoflite_claims import wilson
+    lo, hi = wilson(0.5, 100)   # centre 0.5; half-width 1.96 * sqrt(0.25 / 100 + 1.96^2 / 40000) / (1 + 1.96^2 / 100)
+    half = 1.96 * (0.0025 + 1.96 ** 2 / 40000) ** 0.5 / (1 + 1.96 ** 2 / 100)
+    assert abs(lo - (0.5 - half)) < 1e-12 and abs(hi - (0.5 + half)) < 1e-12 and 0.40 < lo < 0.41
+    lo0, hi0 = wilson(0.0, 50)
+    assert abs(lo0) < 1e-12 and 0.07 < hi0 < 0.072   # the known upper bound 3.84 / 53.84
