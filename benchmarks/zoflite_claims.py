@@ -360,7 +360,7 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, key, xlabel in ((axes[0], "curves", "cumulative client FLOPs (log; forward only for ZO, forward + backward for LoRA)"),
+    for ax, key, xlabel in ((axes[0], "curves", "cumulative client FLOPs (log; forward only for ZO, forward + backward for first order)"),
                             (axes[1], "byte_curves", "cumulative bytes, up + down, all clients (log; encoded messages)")):
         for j, r in enumerate(res["rows"]):
             for i, (x, y) in enumerate(r.get(key, [])):   # round 0 (x = 0) is the "start" line on a log axis
