@@ -256,15 +256,15 @@ def summarize(grid, summaries, methods) -> dict:
         fin = [s["final"] for s in ss]
         both = [curves(s) for s in ss]
         flop_curves = [f for f, _ in both]
-        mem = [s["memory"].get("client_accounted_bytes") or 0 for s in ss]
+        def most(key):   # the largest of a memory figure over the seeds
+            return max(s["memory"].get(key) or 0 for s in ss)
         rows.append({"label": label, "method": m, "seeds": [s["config"]["seed"] for s in ss], "finals": fin,
                      "initials": [s["initial"] for s in ss], "mean": float(np.mean(fin)), "std": float(np.std(fin)),
                      "min": min(fin), "max": max(fin), "curves": flop_curves, "byte_curves": [b for _, b in both],
                      "up_bytes": max(s["bytes"]["up_per_client_round"] for s in ss),
                      "down_bytes": max(s["bytes"]["down_per_client_round"] for s in ss),
-                     "flops_total": [float(x[-1]) for x, _ in flop_curves], "accounted_memory": max(mem),
-                     "rss_peak": max(s["memory"].get("client_rss_peak_bytes") or 0 for s in ss),
-                     "rss_rise": max(s["memory"].get("client_rss_rise_bytes") or 0 for s in ss),
+                     "flops_total": [float(x[-1]) for x, _ in flop_curves], "accounted_memory": most("client_accounted_bytes"),
+                     "rss_peak": most("client_rss_peak_bytes"), "rss_rise": most("client_rss_rise_bytes"),
                      "trainable": ss[0]["trainable_params"]})
     get = {r["method"]: r for r in rows}
     targets = []
