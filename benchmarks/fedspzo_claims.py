@@ -127,7 +127,7 @@ def config_for(task, label, quick):
     cfg = {**base, "method": method, "rounds": QUICK_ROUNDS[task] if quick else ROUNDS[task][label]}
     if role in ZO_ROLES:
         lr = ZO_LR[task]
-        cfg.update(lr=lr, method_options={**opts, "trainable": ZO_TRAINABLE[task], "z": "fast", "lr": lr,
+        cfg.update(lr=lr, method_options={**opts, "trainable": ZO_TRAINABLE[task], "z": "fast",
                                           **({"down": "seeds"} if method in SEED_DOWN else {})})
     else:
         cfg.update(lr=FO_LR[task][label], method_options=dict(opts))
@@ -402,8 +402,7 @@ def calibrate(a):
             continue
         for lr in (1e-3, 3e-3):
             c = config_for("sentiment", label, a.quick)
-            c.update(clients=1, fraction=1.0, rounds=1 if a.quick else 3, local_steps=2 if a.quick else 25, lr=lr,
-                     method_options={**c["method_options"], "lr": lr})
+            c.update(clients=1, fraction=1.0, rounds=1 if a.quick else 3, local_steps=2 if a.quick else 25, lr=lr)
             c["out"] = str(RUNS / ("calibrate_quick" if a.quick else "calibrate") / f"{len(grid):02d}")
             grid.append((f"{label}, lr {lr:g}", c))
     summaries = run_grid(grid, workers=a.workers)

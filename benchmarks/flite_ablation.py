@@ -53,6 +53,7 @@ VARIANTS = [
     ("FedAvg fp32, random backbone", "fedavg", {}, {"task_options": {"pretrained": False}}),
 ]
 REF = "FedAvg fp32"
+FLITE_LR = 1e-2          # FLITE's recommended latent lr (BASE's lr is full fine-tuning's)
 RUNS = Path("runs/bench-flite_ablation")
 
 
@@ -67,7 +68,7 @@ def configs(rounds: int, seeds: list[int], quick: bool, only: set | None) -> tup
         for i, (label, m, opts, extra) in enumerate(VARIANTS):
             if only and label not in only:
                 continue
-            c = {**base, "method": m, "method_options": opts,
+            c = {**base, "method": m, "method_options": opts, "lr": FLITE_LR if m == "flite" else base["lr"],
                  "task_options": {**base["task_options"], **extra.get("task_options", {})},
                  "out": str(RUNS / f"v{i:02d}-s{seed}")}
             if extra.get("probe"):

@@ -33,7 +33,7 @@ from common import RESULTS, finished, meta, reuse_or_run, verdict, write  # noqa
 
 from lightfed.report import human_bytes  # noqa: E402
 
-# Per task: run settings (lr is full fine-tuning's; FLITE uses its own latent lr), rounds, partitions.
+# Per task: run settings (lr is full fine-tuning's; FLITE and VeRA train at OWN_LR), rounds, partitions.
 TASKS = {
     "sentiment": {"task": "sentiment", "clients": 10, "rounds": 30, "fraction": 0.5, "batch_size": 16, "lr": 5e-5,
                   "local_epochs": 1.0, "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}},
@@ -57,6 +57,7 @@ BASELINES = [
     ("PowerSGD r4 (EF, shared factors)", "powersgd", {"rank": 4}, {}),
     ("FedAvg int4", "fedavg", {"codec": "int4"}, {}),
 ]
+OWN_LR = {"flite": 1e-2, "vera": 5e-3}          # their recommended lrs (methods/flite.py, vera.py), set explicitly
 RUNS = Path("runs/bench-flite_claims")
 LOWER_IS_BETTER = {"austen"}
 CHANCE = 0.5                                     # sentiment: 2 classes
@@ -75,7 +76,7 @@ def grid_for(tasks: list[str], seeds: list[int], quick: bool, baselines: bool) -
                 for s in seeds:
                     grid.append((f"{t} | {part} | {label} | s{s}",
                                  {**base, "method": m, "method_options": opts, "partition": part, "seed": s,
-                                  "out": str(runs / f"{t}-{part.replace(':', '')}-{m}-s{s}")}))
+                                  "lr": OWN_LR.get(m, base["lr"]), "out": str(runs / f"{t}-{part.replace(':', '')}-{m}-s{s}")}))
     if baselines and "sentiment" in tasks:
         base = {**TASKS["sentiment"], "progress": False, "rounds": BASELINE_ROUNDS, "partition": "iid", "seed": seeds[0]}
         if quick:
@@ -83,7 +84,8 @@ def grid_for(tasks: list[str], seeds: list[int], quick: bool, baselines: bool) -
                                                                    **QUICK["sentiment"]["task_options"]}}
         ref = [("FLITE", "flite", {}, {}), ("FedAvg fp32", "fedavg", {}, {})]   # the same rounds, side by side
         for i, (label, m, opts, extra) in enumerate(ref + BASELINES):
-            c = {**base, "method": m, "method_options": opts, "out": str(runs / f"pareto-{i:02d}-{m}-s{seeds[0]}")}
+            c = {**base, "method": m, "method_options": opts, "lr": OWN_LR.get(m, base["lr"]),
+                 "out": str(runs / f"pareto-{i:02d}-{m}-s{seeds[0]}")}
             if "lr_times" in extra:
                 c["lr"] = base["lr"] * extra["lr_times"]
             grid.append((f"pareto | iid | {label} | s{seeds[0]}", c))

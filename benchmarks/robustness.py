@@ -392,7 +392,7 @@ TASK = {"train_size": 1000, "test_size": 500, "max_len": 32}          # sentimen
 BASE = {"task": "sentiment", "clients": 10, "fraction": 1.0, "rounds": 6, "batch_size": 16, "local_steps": 5,
         "progress": False, "task_options": TASK}
 ZO_TRAINABLE = "layer.4.,layer.5."     # as in zoflite_claims: the last two layers, from the probed head
-METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-3), "FedAvg": ("fedavg", {}, 3e-5),
+METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-2), "FedAvg": ("fedavg", {}, 3e-5),
            # zeroth order from a random head stays at chance whatever the clients send; from the federated probe's
            # head (methods/probe.py, one round, run per seed first) it starts at ~0.8, so an attack can show; its lr
            # is zoflite_claims' calibrated one for these weights

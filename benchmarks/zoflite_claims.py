@@ -146,14 +146,14 @@ def configs(S: dict, seeds, quick: bool, calibrate: bool = False, only: list[str
             b = {**_base(S, quick, seed), **({"init": probe[seed]} if probe else {})}
             if calibrate:
                 for lr in S["lrs"].get(m, ()):
-                    c = {**b, "method": m, "method_options": {**opts, "lr": lr}, "clients": 1, "fraction": 1.0,
+                    c = {**b, "method": m, "method_options": opts, "clients": 1, "fraction": 1.0,
                          "rounds": 1 if quick else 3, "local_steps": 2 if quick else 25, "lr": lr, "eval_every": 3,
                          "out": str(runs / f"calibrate-{m}-lr{lr:g}")}
                     grid.append((f"{label} | lr {lr:g} | s{seed}", c))
                 continue
             lr = S["lr"].get(m)
             c = {**b, **({} if lr else S["first_order"]), **S.get("run_options", {}).get(m, {}), "method": m,
-                 "method_options": {**opts, **({"lr": lr} if lr else {})},
+                 "method_options": opts,
                  "lr": lr or S.get("first_order_lr", {}).get(m, 5e-4), "out": str(runs / f"{m}-s{seed}")}
             grid.append((f"{label} | s{seed}", c))
     return probes, grid

@@ -49,3 +49,42 @@ def test_export_refuses_what_it_cannot_write(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "x")]) == 2
     assert "not a transformers architecture" in capsys.readouterr().err
     assert cli.main(["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "x")]) == 2
+
+
+def test_personalised_runs_export_the_clients_own_model_when_asked(tmp_path, capsys):
+    """local-only has no global model (its server state never moves): refused without --client; --client K writes
+    client K's own adapters merged, which score what the run's per-client evaluation scored."""
+    from transformers import AutoModelForCausalLM
+    T = tiny_task("austen")
+    s = local.run(tiny_config("austen", "local", tmp_path / "run", rounds=1, fraction=1.0, clients=2), log=lambda *a: None)
+    assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "x")]) == 2
+    assert "no global model" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "config.json").exists()
+    for k in (0, 1):
+        assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / f"c{k}"), "--client", str(k)]) == 0
+        assert json.loads((tmp_path / f"c{k}" / "lightfed.json").read_text())["model"] == f"client {k}'s own"
+        got = T.evaluate(AutoModelForCausalLM.from_pretrained(tmp_path / f"c{k}", dtype=torch.float32), T.test)
+        assert got == pytest.approx(s["per_client"][str(k)]["perplexity"], rel=1e-5)
+        assert got != pytest.approx(s["initial"], rel=1e-6)            # trained, not the pretrained start
+    assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "y"), "--client", "7"]) == 2
+    assert "never trained" in capsys.readouterr().err
+
+
+def test_fedala_exports_the_global_model_saying_so_or_a_clients_own(tmp_path, capsys):
+    tiny_task("austen")
+    s = local.run(tiny_config("austen", "fedala", tmp_path / "run", rounds=2, fraction=1.0, clients=2), log=lambda *a: None)
+    assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "g")]) == 0
+    assert json.loads((tmp_path / "g" / "lightfed.json").read_text())["model"].startswith("global (the server's aggregate")
+    assert "exported the global" in capsys.readouterr().err
+    assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "c1"), "--client", "1"]) == 0
+    from transformers import AutoModelForCausalLM
+    got = tiny_task("austen").evaluate(AutoModelForCausalLM.from_pretrained(tmp_path / "c1", dtype=torch.float32),
+                                       tiny_task("austen").test)
+    assert got == pytest.approx(s["per_client"]["1"]["perplexity"], rel=1e-5)
+
+
+def test_export_of_a_shared_model_refuses_a_client(tmp_path, capsys):
+    tiny_task("austen")
+    local.run(tiny_config("austen", "lora", tmp_path / "run", rounds=1), log=lambda *a: None)
+    assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "x"), "--client", "0"]) == 2
+    assert "uses the global model" in capsys.readouterr().err

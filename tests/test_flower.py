@@ -239,7 +239,7 @@ def test_seed_only_downlink_on_flower_sim_equals_the_local_engine(tmp_path):
     """FedSPZO with down = "seeds": what a client holds between rounds (the global model of the last
     round it took part in) lives in Flower's Context.state; records replace the weights downstream."""
     tiny_task("sentiment")
-    kw = dict(rounds=3, clients=4, fraction=0.5, method_options={"P1": 1, "Ps": 1, "lr": 1e-2, "down": "seeds"})
+    kw = dict(rounds=3, clients=4, fraction=0.5, lr=1e-2, method_options={"P1": 1, "Ps": 1, "down": "seeds"})
     with torch_threads(1):
         local.run(tiny_config("sentiment", "fedspzo", tmp_path / "local", **kw), log=quiet)
         F.run_simulation(tiny_config("sentiment", "fedspzo", tmp_path / "flower", **kw,

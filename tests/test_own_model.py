@@ -77,3 +77,29 @@ def test_a_gguf_file_is_a_model_too():
     model = backbones.smollm2(False, 0, str(gguf))
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
     assert len(backbones.smollm2_tokenizer(str(gguf))) == model.config.vocab_size
+
+
+def test_a_transformers_older_than_the_cache_keyword_is_refused_by_name():
+    """Review defect 2: transformers 5.23 and older take the KV cache as past_key_values and would drop our
+    `cache=` silently; the floor is checked and named."""
+    from lightfed.models import backbones
+    backbones.require_transformers("5.24.0")
+    with pytest.raises(ImportError, match=r"transformers >= 5.24 \(found 5.23.0\).*pip install 'transformers>=5.24'"):
+        backbones.require_transformers("5.23.0")
+    with pytest.raises(ImportError):
+        backbones.require_transformers("4.57.6")
+
+
+def test_the_streaming_decode_uses_its_kv_cache():
+    """The last chunk's KV cache is what the answer's tokens attend to: greedy decoding with the cache gives
+    the tokens a full forward over prompt + answer would choose (a dropped cache would not)."""
+    import torch
+    from lightfed.models import backbones, streaming
+    m = backbones.smollm2(True, 0).eval()
+    ids = torch.randint(0, 49152, (1, 20), generator=torch.Generator().manual_seed(0))
+    new = streaming.generate(m, ids, window=64, max_new=5)
+    seq = ids
+    with torch.no_grad():
+        for t in new:
+            assert int(m(input_ids=seq).logits[0, -1].argmax()) == t
+            seq = torch.cat([seq, torch.tensor([[t]])], 1)

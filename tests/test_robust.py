@@ -37,9 +37,9 @@ def test_the_rule_is_checked_before_any_work(rule, ok):
             local.check(cfg)
 
 
-def _round(name, task, rule, **opts):
+def _round(name, task, rule, lr=1e-3, **opts):
     T = tiny_task(task)
-    cfg = tiny_config(task, name, robust=rule, clients=5, method_options=opts)
+    cfg = tiny_config(task, name, robust=rule, clients=5, lr=lr, method_options=opts)
     m = methods.build(cfg)
     model = m.prepare(copy.deepcopy(T.model))
     state = m.init_state(model)

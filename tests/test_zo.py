@@ -113,9 +113,9 @@ def test_split_forward_equals_unsplit(task):
 
 
 # --- FedSPZO / MeZO end to end on tiny sentiment ---------------------------------------------------
-def _round(name, **opts):
+def _round(name, lr=1e-3, **opts):
     T = tiny_task("sentiment")
-    cfg = tiny_config("sentiment", name, method_options=opts)
+    cfg = tiny_config("sentiment", name, lr=lr, method_options=opts)
     m = methods.build(cfg)
     model = m.prepare(copy.deepcopy(T.model))
     state = m.init_state(model)

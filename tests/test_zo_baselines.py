@@ -60,8 +60,8 @@ def _client(name, rows, seed=100, rnd=1, state=None, **kw):
 
 
 def test_fedzo_uploads_the_full_model_and_counts_b2_plus_one_forwards():
-    opts = {"b2": 3, "lr": 1e-2, "trainable": "layer.1.,head."}
-    T, cfg, m, model, state, up, stats = _client("fedzo", range(16), method_options=opts)
+    opts = {"b2": 3, "trainable": "layer.1.,head."}
+    T, cfg, m, model, state, up, stats = _client("fedzo", range(16), lr=1e-2, method_options=opts)
     f = decode(up, P.up_schema(m), kind="fedzo/up", max_bytes=10**8)
     d = sum(p.numel() for p in m.trainable(model).values())
     assert d == sum(p.numel() for n, p in model.named_parameters() if "layer.1." in n or "head." in n) > 5_000
@@ -76,14 +76,14 @@ def test_fedzo_uploads_the_full_model_and_counts_b2_plus_one_forwards():
     assert set(stats["memory_accounted"]) == {"params", "activations", "z"}
     assert all(p.grad is None for p in model.parameters())
     # the directions are the client's own: another client seed, other directions, another model
-    *_, up2, _ = _client("fedzo", range(16), seed=101, method_options=opts)
+    *_, up2, _ = _client("fedzo", range(16), seed=101, lr=1e-2, method_options=opts)
     assert up2 != up
 
 
 @pytest.fixture(scope="module")
 def decomfl_round():
     T = tiny_task("sentiment")
-    cfg = tiny_config("sentiment", "decomfl", local_steps=0, local_epochs=1.0, method_options={"P": 2, "lr": 1e-2})
+    cfg = tiny_config("sentiment", "decomfl", local_steps=0, local_epochs=1.0, lr=1e-2, method_options={"P": 2})
     m = methods.build(cfg)
     model = m.prepare(copy.deepcopy(T.model))
     state = m.init_state(model)
@@ -122,7 +122,7 @@ def test_decomfl_uplink_is_K_by_P_scalars_plus_framing(decomfl_round):
     assert f["g"].shape == (2, 2) and f["g"].dtype == torch.float32 and len(f["digest"]) == 8
     framing = len(up) - 4 * 2 * 2
     assert 0 < framing < 80                                        # header, names, dims, digest, _n, CRC
-    _, _, m4, _, _, up4, _ = _client("decomfl", range(16), local_steps=5, method_options={"P": 2, "lr": 1e-2})
+    _, _, m4, _, _, up4, _ = _client("decomfl", range(16), local_steps=5, lr=1e-2, method_options={"P": 2})
     assert len(up4) - len(up) == 4 * 2 * (5 - 2)                   # 4 bytes per extra scalar, nothing else
 
 
@@ -145,7 +145,7 @@ def test_seed_only_downlink_rebuilds_the_global_model_bit_for_bit(name):
     its round-2 upload is refused, so round 3 sends it the model again."""
     T = tiny_task("sentiment")
     opts = {"P1": 1, "Ps": 1} if name == "fedspzo" else {"P": 1}
-    cfg = tiny_config("sentiment", name, clients=4, method_options={**opts, "lr": 1e-2, "down": "seeds"})
+    cfg = tiny_config("sentiment", name, clients=4, lr=1e-2, method_options={**opts, "down": "seeds"})
     m = methods.build(cfg)
     model = m.prepare(copy.deepcopy(T.model))
     state = m.init_state(model)

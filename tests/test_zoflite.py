@@ -45,7 +45,7 @@ def test_two_point_in_z_space_is_the_directional_derivative_of_a_quadratic():
 
 def test_the_server_replays_the_clients_latent_bit_for_bit_and_the_uplink_is_scalars():
     T = tiny_task("sentiment")
-    cfg = tiny_config("sentiment", "zoflite", method_options={"P": 2, "lr": 1e-2})
+    cfg = tiny_config("sentiment", "zoflite", lr=1e-2, method_options={"P": 2})
     m = methods.build(cfg)
     model = m.prepare(copy.deepcopy(T.model))
     assert m.names == ["z"] and m.shapes == {"z": (model.z.numel(),)}
@@ -88,7 +88,7 @@ def test_shifted_slices_give_the_directional_derivative_and_restore_z_bit_for_bi
 
 def test_split_zoflite_perturbs_f1_and_f2_slices_and_the_server_replays_them_bit_for_bit():
     T = tiny_task("sentiment")
-    cfg = tiny_config("sentiment", "zoflite_split", method_options={"P1": 1, "Ps": 2, "lr": 1e-2, "head": "trainable"})
+    cfg = tiny_config("sentiment", "zoflite_split", lr=1e-2, method_options={"P1": 1, "Ps": 2, "head": "trainable"})
     m = methods.build(cfg)
     model = m.prepare(copy.deepcopy(T.model))
     K = model.z.numel()

@@ -1,4 +1,4 @@
-"""lightfed's command line.
+r"""lightfed's command line.
 
     lightfed run                      the main job: a short real federated fine-tuning on `sentiment`
     lightfed run --task T --method M1,M2 --clients 10 --rounds 5 --partition dirichlet:0.1 \
@@ -20,7 +20,7 @@ from lightfed import config as C
 from lightfed.assets import AssetMissing
 
 # The main job: small enough for a few minutes on 2 cores, real model and data.
-MAIN_JOB = {"task": "sentiment", "clients": 10, "rounds": 3, "fraction": 0.3, "lr": 5e-5, "batch_size": 16,
+MAIN_JOB = {"task": "sentiment", "clients": 10, "rounds": 3, "fraction": 0.3, "batch_size": 16,   # each method at its lr
             "local_epochs": 1.0, "task_options": {"train_size": 1000, "test_size": 500, "max_len": 32}}
 MAIN_METHODS = ["flite", "fedavg"]   # FLITE vs full-weight FedAvg, side by side
 
@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("run", metavar="RUN_DIR")
     ex.add_argument("--to", required=True, metavar="DIR")
     ex.add_argument("--adapter", action="store_true", help="LoRA-family runs: write the adapters alone (PEFT layout)")
+    ex.add_argument("--client", type=int, metavar="K", help="personalised runs (fedala, local): client K's own model")
     sub.add_parser("list", help="tasks and methods with their options")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
@@ -143,8 +144,11 @@ def cmd_list() -> int:
         print(f"  {name:10s} {opts(o)}")
     print("methods:")
     for name, m in methods.METHODS.items():
-        print(f"  {name:10s} {opts(m.Options)}")
+        print(f"  {name:14s} {f'lr {m.lr:g}' if m.lr else 'no lr (closed form)'}; {opts(m.Options)}")
+        if getattr(m, "defaults_why", ""):
+            print(f"  {'':14s} ({m.defaults_why})")
     print("partitions: iid | dirichlet:ALPHA | domain (trivia: subject groups; austen: novels)")
+    print("lr: each method's recommended lr, used when the run sets none (lr = 0); --set lr=X always wins")
     print("run settings (--set KEY=VALUE):", ", ".join(f"{k}={v!r}" for k, v in C.RunConfig().to_dict().items()
                                                        if k not in ("method_options", "task_options", "engine_options")))
     return 0
@@ -159,8 +163,8 @@ def main(argv=None) -> int:
             return cmd_list()
         if a.cmd == "export":
             from lightfed.export import export
-            r = export(a.run, a.to, a.adapter)
-            print(f"lightfed: exported ({r['kind']}) to {r['dir']}", file=sys.stderr)
+            r = export(a.run, a.to, a.adapter, a.client)
+            print(f"lightfed: exported the {r['model']} model ({r['kind']}) to {r['dir']}", file=sys.stderr)
             return 0
         if a.cmd == "report":
             from lightfed.report import make_report

@@ -32,7 +32,7 @@ class RunConfig:
     local_epochs: float = 1.0       # epochs over the client's shard (fractions allowed)
     local_steps: int = 0            # if > 0, overrides local_epochs: this many batches
     batch_size: int = 16
-    lr: float = 5e-5
+    lr: float = 0.0                 # 0: the method's recommended lr (`lightfed list`); config.json records the one used
     optimizer: str = "adamw"        # adamw | sgd
     weight_decay: float = 0.0
     eval_every: int = 1
@@ -164,7 +164,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.local_epochs > 0 or cfg.local_steps > 0, "set local_epochs > 0 or local_steps > 0")
     need(cfg.local_steps >= 0, f"local_steps = {cfg.local_steps}: must be >= 0")
     need(cfg.batch_size >= 1, f"batch_size = {cfg.batch_size}: must be >= 1")
-    need(cfg.lr > 0, f"lr = {cfg.lr}: must be > 0")
+    need(cfg.lr >= 0, f"lr = {cfg.lr}: must be > 0 (or 0: the method's recommended lr)")
     need(cfg.optimizer in ("adamw", "sgd"), f"optimizer = {cfg.optimizer!r}: use adamw or sgd")
     need(cfg.eval_every >= 1, f"eval_every = {cfg.eval_every}: must be >= 1")
     need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")

@@ -7,6 +7,9 @@ that transformers loads with from_pretrained.
   saves them) next to the base model's name.
 - Weight-space methods (fedavg, fedprox, top-k, PowerSGD, the zeroth-order ones): the weights as they are.
 - FedNL: its memory branches are not a transformers architecture: refused with what to do instead.
+- Personalised methods: `--client K` exports client K's own model (FedALA's mix, local-only's own adapters);
+  local-only without it is refused (its server state never moves: the "global" model is the untrained start),
+  FedALA without it exports the global aggregate and says so. `lightfed.json` names which model it is.
 
 What is written, by backbone:
   causal LM (SmolLM2)     AutoModelForCausalLM.from_pretrained(DIR) + the tokenizer
@@ -23,6 +26,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from lightfed import config as C
+from lightfed import methods
 from lightfed.models import backbones, latent
 
 
@@ -63,7 +67,7 @@ def lora_adapters(model: nn.Module, method) -> tuple[dict, dict]:
     return tensors, cfg
 
 
-def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
+def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: int | None = None) -> dict:
     from lightfed.engine import local
     from lightfed.engine import protocol as P
 
@@ -74,9 +78,23 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
     if cfg.method == "fednl":
         raise C.ConfigError("fednl: its memory branches are not a transformers architecture; the trained rules "
                             "(theta) are in ckpt/*/state.safetensors and load with `lightfed run --resume`")
+    rnd, state, client_states, _ = local.load_checkpoint(run_dir)
+    M = methods.METHODS[cfg.method]
+    if client is None and not M.federated:
+        raise C.ConfigError(f"{cfg.method}: no global model to export (the server's state never moves: it is the untrained "
+                            f"start); export one client's own model with --client K (trained: {sorted(client_states)})")
+    if client is not None and not M.personalised:
+        raise C.ConfigError(f"--client {client}: every {cfg.method} client uses the global model; export it without --client")
+    if client is not None and client not in client_states:
+        raise C.ConfigError(f"--client {client}: that client never trained in this run (trained: {sorted(client_states)})")
     S = local.build(cfg)
-    rnd, state, _, _ = local.load_checkpoint(run_dir)
-    S.method.load(S.model, P.received(S.method, state, rnd + 1, cfg.max_message_bytes))
+    if client is None:
+        S.method.load(S.model, P.received(S.method, state, rnd + 1, cfg.max_message_bytes))
+        which = "global" + (f" (the server's aggregate; each {cfg.method} client uses its own model: --client K)"
+                            if M.personalised else "")
+    else:
+        S.method.personal(S.model, state, client_states[client])
+        which = f"client {client}'s own"
     model = S.model.eval()
     to.mkdir(parents=True, exist_ok=True)
     peft_family = cfg.method in ("lora", "fedala", "fedssi", "local")
@@ -88,7 +106,9 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
         if isinstance(model, backbones.TextClassifier):        # its trained head is not an adapter: beside it
             save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, to / "head.safetensors")
         (to / "adapter_config.json").write_text(json.dumps({**acfg, "base_model_name_or_path": S.task.info["backbone"]}, indent=1))
-        return {"kind": "adapter", "dir": str(to), "tensors": len(tensors)}
+        (to / "lightfed.json").write_text(json.dumps({"run": str(run_dir), "round": rnd, "task": cfg.task, "method": cfg.method,
+                                                      "kind": "adapter", "model": which}, indent=1))
+        return {"kind": "adapter", "dir": str(to), "tensors": len(tensors), "model": which}
     if latent.latent_layers(model):
         model = merge_latent(model)
     if peft_family:
@@ -105,8 +125,8 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False) -> dict:
     else:
         raise C.ConfigError(f"export: a {type(model).__name__} is not a transformers model (task {cfg.task})")
     (to / "lightfed.json").write_text(json.dumps({"run": str(run_dir), "round": rnd, "task": cfg.task,
-                                                  "method": cfg.method, "kind": kind}, indent=1))
-    return {"kind": kind, "dir": str(to), "round": rnd}
+                                                  "method": cfg.method, "kind": kind, "model": which}, indent=1))
+    return {"kind": kind, "dir": str(to), "round": rnd, "model": which}
 
 
 def load_classifier(d: str | Path) -> backbones.TextClassifier:

@@ -118,7 +118,8 @@ def build(cfg: C.RunConfig) -> Setup:
     with seeded(derive_seed(cfg.seed, 0)):      # e.g. PEFT draws LoRA's A from the global RNG
         model = method.prepare(task.model)
     n_train = sum(p.numel() for p in method.trainable(model).values())
-    info = {"task": task.info, "trainable_params": n_train, "method": getattr(method, "info", None), "init": init, "model_params": sum(p.numel() for p in model.parameters()),
+    info = {"task": task.info, "trainable_params": n_train, "lr": method.lrs(), "method": getattr(method, "info", None), "init": init,
+            "model_params": sum(p.numel() for p in model.parameters()),
             "clients": [{"id": k, "examples": len(s)} for k, s in enumerate(shards)],
             "label_histograms": partition.histograms(shards, task.labels)}
     return Setup(cfg, task, method, model, shards, info)
@@ -354,7 +355,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
         "per_domain": evals[-1].get("per_domain"), "cells": evals[-1].get("cells"),
-        "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"],
+        "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"], "lr": S.info["lr"],
         "method_info": S.info.get("method"), "init": S.info.get("init"),
         "bytes": {"up_per_client_round": _mean([c["up"] for c in clients]),
                   "down_per_client_round": _mean([c["down"] for c in clients]),

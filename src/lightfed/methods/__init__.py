@@ -25,8 +25,18 @@ METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, V
 def options(name: str, given: dict):
     if name not in METHODS:
         raise ConfigError(f"unknown method {name!r}; methods: {', '.join(METHODS)}")
+    if "lr" in given:
+        raise ConfigError(f"method option lr: the lr is the run's setting (--set lr=X, or lr = X in a config file); "
+                          f"{name} recommends {METHODS[name].lr:g}, which a run that sets no lr uses")
     return check_options("method", name, METHODS[name].Options, given)
 
 
+def resolve_lr(cfg: RunConfig) -> RunConfig:
+    """lr = 0 (not set) -> the method's recommended lr, in place; an explicit lr is kept as given."""
+    if cfg.lr == 0:
+        cfg.lr = METHODS[cfg.method].lr
+    return cfg
+
+
 def build(cfg: RunConfig) -> Method:
-    return METHODS[cfg.method](options(cfg.method, cfg.method_options), cfg)
+    return METHODS[cfg.method](options(cfg.method, cfg.method_options), resolve_lr(cfg))

@@ -63,6 +63,8 @@ class Method:
     federated = True         # False: the server state never moves (local-only training, a baseline)
     dp = "delta"             # how privacy.py clips + noises its upload: "delta" (upload - received), "scalars"
                              # (ZO, per step, in the client loop) or "" (compressed before sending: unsupported)
+    lr = 5e-5                # the recommended lr: what a run that sets no lr (lr = 0) trains at. A run's lr always
+                             # wins; config.json records the lr used and summary.json each parameter group's
 
     def __init__(self, opts, cfg: RunConfig):
         self.opts, self.cfg = opts, cfg
@@ -88,6 +90,14 @@ class Method:
         """Load the model that a client itself uses, from the global state and what it keeps
         (ctx.state). Default: the global model. Personalised methods override it."""
         self.load(model, state)
+
+    def lrs(self) -> dict[str, float]:
+        """The lr that trains each parameter group (recorded in setup.json and summary.json)."""
+        return {"trainable": self.cfg.lr}
+
+    def param_groups(self, model: nn.Module) -> list[dict]:
+        """The optimizer's parameter groups (first order): one group at the run's lr unless a method splits it."""
+        return [{"params": list(self.trainable(model).values()), "lr": self.cfg.lr}]
 
     # 3. codec -----------------------------------------------------------------------------------
     def down_schema(self) -> Schema:

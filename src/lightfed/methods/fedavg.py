@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al., 2017): clients train every weight and send them back; the server
 takes the sample-weighted mean.   w <- sum_k (n_k / n) w_k
 
-A method's own `lr` option (if it has one and it is > 0) overrides cfg.lr.
+Every first-order method trains `param_groups(model)` (one group at the run's lr unless it splits them).
 `codec` sets how weights travel (both directions): fp32 (the baseline), bf16, int8, or int4
 (absolute weights quantised per tensor, as FLITE's paper does to show that it collapses).
 """
@@ -40,8 +40,8 @@ class FedAvg(Method):
         self.load(model, down)
         params = self.trainable(model)
         c = ctx.cfg
-        stats = local_train(model, list(params.values()), data, ctx.loss, epochs=c.local_epochs, steps=c.local_steps,
-                            batch_size=c.batch_size, lr=getattr(self.opts, "lr", 0) or c.lr, optimizer=c.optimizer, weight_decay=c.weight_decay,
+        stats = local_train(model, self.param_groups(model), data, ctx.loss, epochs=c.local_epochs, steps=c.local_steps,
+                            batch_size=c.batch_size, lr=c.lr, optimizer=c.optimizer, weight_decay=c.weight_decay,
                             generator=ctx.generator(), regularizer=self.regularizer(params, down))
         return {n: p.detach() for n, p in params.items()}, stats
 

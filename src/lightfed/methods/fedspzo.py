@@ -50,8 +50,7 @@ class Options:
     P1: int = 1                 # directions of theta1 per step
     Ps: int = 2                 # theta2 directions per f1 output (P2 = 2 P1 Ps)
     eps: float = 1e-3
-    lr: float = 0.0             # ZO-SGD lr of theta1; 0 = the run's lr
-    lr2: float = 0.0            # lr of theta2; 0 = lr
+    lr2: float = 0.0            # ZO-SGD lr of theta2; 0 = the run's lr (which theta1 always takes)
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names
     max_steps: int = 100_000
     z: str = "portable"         # see methods/mezo.py
@@ -87,8 +86,7 @@ class FedSPZO(mezo.MeZO):
         return {"g1": self.opts.P1, "g2": 2 * self.opts.P1 * self.opts.Ps}
 
     def lrs(self):
-        lr = self.opts.lr or self.cfg.lr
-        return {"g1": lr, "g2": self.opts.lr2 or lr}
+        return {"g1": self.cfg.lr, "g2": self.opts.lr2 or self.cfg.lr}
 
     def step_updates(self, round_seed, k, row):
         P = self.scalars()

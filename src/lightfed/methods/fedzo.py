@@ -44,7 +44,6 @@ from lightfed.optim import zeroth_order as zo
 class Options:
     b2: int = 4                 # directions per local step
     mu: float = 1e-3            # smoothing radius (forward-difference step on the unit sphere)
-    lr: float = 0.0             # ZO-SGD learning rate; 0 = the run's lr
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names (as MeZO)
     z: str = "portable"         # portable | fast (see optim/zeroth_order.direction)
 
@@ -53,8 +52,6 @@ class Options:
             raise ConfigError(f"b2 = {self.b2}: need at least one direction per step")
         if not self.mu > 0:
             raise ConfigError(f"mu = {self.mu}: must be > 0")
-        if self.lr < 0:
-            raise ConfigError(f"lr = {self.lr}: must be >= 0 (0 = use the run's lr)")
         if self.z not in ("portable", "fast"):
             raise ConfigError(f"z = {self.z!r}: use portable or fast")
 
@@ -100,6 +97,7 @@ def forward_difference(loss, model, params: zo.Params, seeds: list[int], mu: flo
 class FedZO(Method):
     name = "fedzo"
     Options = Options
+    lr = 1e-5                   # DeComFL's (the same expectation of the step; benchmarks/zoflite_claims.py)
 
     @property
     def fast(self) -> bool:
@@ -122,7 +120,7 @@ class FedZO(Method):
         o, c = self.opts, ctx.cfg
         params = self.trainable(model)
         owner_map = zo.owners(model)
-        lr = o.lr or c.lr
+        lr = c.lr
         K = zo.num_steps(size(data), c.batch_size, c.local_steps, c.local_epochs)
         seeds = ctx.generator(1)                      # the client's own directions (stream 0: batches)
         was = model.training

@@ -53,8 +53,6 @@ DOWNS = ("model", "seeds")
 def _check_common(o):
     if not o.eps > 0:
         raise ConfigError(f"eps = {o.eps}: must be > 0")
-    if o.lr < 0:
-        raise ConfigError(f"lr = {o.lr}: must be >= 0 (0 = use the run's lr)")
     if o.max_steps < 1:
         raise ConfigError(f"max_steps = {o.max_steps}: must be >= 1")
     if o.z not in ("portable", "fast"):
@@ -67,7 +65,6 @@ def _check_common(o):
 class Options:
     P: int = 1                  # directions per step
     eps: float = 1e-3           # perturbation scale
-    lr: float = 0.0             # ZO-SGD learning rate; 0 = the run's lr
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names
     max_steps: int = 100_000    # the server refuses uploads claiming more local steps (replay cost)
     z: str = "portable"         # portable: same z on any CPU; fast: ~4x faster draws, like CPUs only
@@ -84,6 +81,8 @@ class MeZO(Method):
     dp = "scalars"
     Options = Options
     TAG = 0x4D655A4F            # mixes the round seed, so two ZO methods never share directions
+    lr = 1e-5                   # on the weights: the calibrations' safe choice (benchmarks/results/zoflite_*calibrate.md:
+                                # best on MiniLM from a probed head, stable but slow on SmolLM2's prompts, where 3e-4 won)
     average_scalars = False     # True (DeComFL): the new model is the replay of the mean scalars
     in_place = False            # perturb by hooks on the owners (nothing written); True: in place (ZO-FLITE's z)
 
@@ -101,7 +100,7 @@ class MeZO(Method):
         return {"g": self.opts.P}
 
     def lrs(self) -> dict[str, float]:
-        return {"g": self.opts.lr or self.cfg.lr}
+        return {"g": self.cfg.lr}
 
     def step_updates(self, round_seed: int, k: int, row: dict[str, list[float]]) -> list[zo.Update]:
         """Step k's updates, in the order clients apply and the server replays them."""

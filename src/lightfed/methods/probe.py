@@ -26,6 +26,10 @@ from lightfed.wire import Spec
 class Probe(Method):
     name = "probe"
     dp = ""                  # sufficient statistics, not an update: no clip to apply
+    lr = 0.0                 # closed form: no step
+
+    def lrs(self):
+        return {}
 
     def prepare(self, model):
         head = getattr(model, "head", None)

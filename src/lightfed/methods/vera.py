@@ -20,7 +20,6 @@ class Options(fedavg.Options):
     r: int = 256
     targets: str = "auto"            # as for lora
     train_head: bool = True
-    lr: float = 5e-3                 # VeRA's vectors need a large step (its paper: 1e-2 .. 4e-3); 0 = cfg.lr
 
     def check(self):
         super().check()
@@ -31,6 +30,7 @@ class Options(fedavg.Options):
 class VeRA(fedavg.FedAvg):
     name = "vera"
     Options = Options
+    lr = 5e-3                        # VeRA's vectors need a large step (its paper: 1e-2 .. 4e-3)
 
     def prepare(self, model):
         from peft import VeraConfig, get_peft_model

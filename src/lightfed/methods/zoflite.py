@@ -39,6 +39,7 @@ from lightfed.optim import zeroth_order as zo
 
 @dataclass
 class Options(decomfl.Options, flite.LatentOptions):
+    r: int = 20                 # FLITE's rank (14,400 latents on MiniLM-L6), what zoflite_claims ran
     def check(self):
         super().check()
         self.check_latent()
@@ -48,7 +49,12 @@ class ZOFLITE(decomfl.DeComFL):
     name = "zoflite"
     Options = Options
     TAG = 0x5A4F464C            # its own directions
+    lr = 1e-3                   # in z-space: kept the accuracy in both calibrations (zoflite_*calibrate.md); 1e-2 won
+                                # on SmolLM2's prompts but cost 5 pp on MiniLM's probed head
     in_place = True             # z is a K-float root tensor: shift it in place, copy it back
+    defaults_why = ("FLITE's r = 20; the head frozen (orthogonal), not trained as flite's: a head trained by zeroth "
+                    "order from its random start only adds to the perturbed dimension; after a probe use head=keep "
+                    "(LP-then-ZO, as benchmarks/zoflite_claims.py); the latents never travel, so flite's int4 codec has no role")
 
     def prepare(self, model):
         self.seed, self.info = flite.install(model, self.opts, self.cfg.seed)   # everything frozen but z (+ head)
@@ -59,6 +65,7 @@ class ZOFLITE(decomfl.DeComFL):
 @dataclass
 class SplitOptions(fedspzo.Options, flite.LatentOptions):
     down: str = "seeds"         # DeComFL's seed-only downlink (model: z to everyone)
+    r: int = 20
 
     def check(self):
         super().check()

@@ -16,12 +16,28 @@ import torch.nn.functional as F
 
 from lightfed import assets
 
-try:   # transformers prints a load report for every checkpoint (e.g. the unused pooler): keep runs quiet
-    from transformers.utils import logging as _hf_logging
-    _hf_logging.set_verbosity_error()
-    _hf_logging.disable_progress_bar()
-except ImportError:
-    pass
+TRANSFORMERS_MIN = (5, 24)    # models take the KV cache as `cache=` from 5.24 on; older ones would drop it in **kwargs
+
+
+def require_transformers(version: str) -> None:
+    """Refuse a transformers older than the code needs, naming the fix (an older one would silently run
+    every cached decode without its KV cache)."""
+    parts = []
+    for x in version.split(".")[:2]:
+        digits = "".join(c for c in x if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) < TRANSFORMERS_MIN:
+        need = ".".join(map(str, TRANSFORMERS_MIN))
+        raise ImportError(f"lightfed needs transformers >= {need} (found {version}): its models' `cache=` keyword "
+                          f"carries the KV cache. Upgrade: python -m pip install 'transformers>={need}'")
+
+
+import transformers as _transformers                           # noqa: E402
+from transformers.utils import logging as _hf_logging         # noqa: E402
+
+require_transformers(_transformers.__version__)
+_hf_logging.set_verbosity_error()    # transformers prints a load report for every checkpoint (e.g. the unused pooler)
+_hf_logging.disable_progress_bar()
 
 
 @contextlib.contextmanager

@@ -39,10 +39,11 @@ def count_saved_activations(fn: Callable[[], torch.Tensor], exclude: set[int]) -
     return out, sum(seen.values())
 
 
-def local_train(model: nn.Module, params: list[nn.Parameter], data: Data, loss_fn, *, epochs: float, steps: int,
+def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: float, steps: int,
                 batch_size: int, lr: float, optimizer: str, weight_decay: float, generator: torch.Generator,
                 regularizer: Callable[[], torch.Tensor] | None = None) -> dict:
-    """Train `params` on `data`; return stats. `steps > 0` overrides `epochs` (fractions allowed)."""
+    """Train `params` on `data`; return stats. `steps > 0` overrides `epochs` (fractions allowed).
+    params: tensors, or the optimizer's parameter groups ({"params": [...], "lr": x}; `lr` for those without)."""
     n = size(data)
     per_epoch = math.ceil(n / batch_size)
     total = steps if steps > 0 else max(1, math.ceil(epochs * per_epoch))
@@ -73,7 +74,7 @@ def local_train(model: nn.Module, params: list[nn.Parameter], data: Data, loss_f
             done += 1
             if done == total:
                 break
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
     opt_state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     stats = {
         "steps": done, "samples": samples, "train_loss": loss_sum / done,
