@@ -15,6 +15,9 @@ Parts:
           bucketed by position and normalised by the first bucket, next to the frozen backbone in the same setting.
 - niah:   7 clients, one RULER-style template each (data/niah.py), accuracy per template and length.
 - trivia: 5 clients by domain; accuracy per domain and the aggregation drop (local-only minus federated).
+- recipe, passkey: FedNL's retrieval recipe measured centrally, then the federated passkey grid (benchmarks/
+          fednl_retrieval.py; `retrieval` in the JSON: the single-needle exact match outside the question's chunk,
+          {row: {chunks: [per seed]}}).
 Every accuracy figure is the mean and spread over the seeds given (3 for a claim).
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, meta, run_grid, verdict, write  # noqa: E402
+import fednl_retrieval as R  # noqa: E402
 
 WINDOW = 512            # attention window of the streaming setting (tokens)
 FROM_RUNS = False       # --from-runs: run nothing, report the grid's finished runs
@@ -52,8 +56,9 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
 # (label, method, options): the personalised and static baselines of FedNL's paper, on the same backbone
 # (all LoRA-based ones adapt q_proj, v_proj at r = 8 at the run's lr 1e-3 (LoRA: 1e-3 beat 1e-2 in a 24-step probe
 # on Austen, held-out CE 3.77 -> 3.55 vs 3.56); FedNL at its own default, 1e-2)
+RECIPE = {"layers": "17,23,29", "gate": 0.1}     # FedNL's options in the passkey grid, from the recipe part
 METHODS = [("FedNL", "fednl", {}), ("FedAvg+LoRA", "lora", {}), ("FedProx (LoRA)", "lora", {"mu": 0.01}),
-           ("FedALA", "fedala", {}), ("FedSSI", "fedssi", {}), ("local-only", "local", {})]
+           ("FedALA", "fedala", {}), ("FedSSI", "fedssi", {}), ("local-only", "local_only", {})]
 
 
 def _model(method: str, opts: dict):
@@ -72,7 +77,7 @@ def part_bytes(size: dict) -> dict:
                                 ("FedAvg+LoRA (q,v r=8)", "lora", {}), ("FedAvg (all weights, fp32)", "fedavg", {})]:
         m, model = _model(method, opts)
         state = m.init_state(model)
-        up = encode({**state, P.SAMPLES: 1}, P.up_schema(m), kind=f"{m.name}/up")
+        up = encode({**state, P.EXAMPLES: 1}, P.up_schema(m), kind=f"{m.name}/up")
         rows.append({"label": label, "trainable": sum(v.numel() for v in state.values()), "up_bytes": len(up),
                      "down_bytes": len(P.broadcast(m, state, 1))})
         del model, state, up
@@ -249,7 +254,7 @@ def part_trivia(size, seeds, workers) -> dict:
         # personalised methods: the drop of the model each client itself holds (its per-client score) on its domain
         own = [float(np.mean([abs(local[(s["config"]["seed"], c["domains"][0])] - c["accuracy"]) for c in s["per_client"].values()
                               if len(c["domains"]) == 1 and (s["config"]["seed"], c["domains"][0]) in local]))
-               for s in ok if s.get("per_client") and s["method"] != "local"]
+               for s in ok if s.get("per_client") and s["method"] != "local_only"]
         out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
                      "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
@@ -274,12 +279,16 @@ def fmt(x, nd=3):
 
 
 def markdown(res: dict) -> str:
-    parts = [p for p in ("bytes", "memory", "ce", "niah", "trivia") if p in res]
+    parts = [p for p in ("recipe", "passkey", "bytes", "memory", "ce", "niah", "trivia") if p in res]
     L = [f"# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
          + f"  \nLast date: {res['meta']['date']}; size preset "
          f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; seeds {res['seeds']}. Streaming setting: attention local to "
          f"{WINDOW}-token chunks, FedNL's memory carrying across.\n"]
+    if "recipe" in res:
+        L += R.markdown_recipe(res["recipe"])
+    if "passkey" in res:
+        L += R.markdown_retrieval(res["passkey"])
     if "bytes" in res:
         L += ["## Uplink per client per round (len of the encoded message)\n", "| method | trainable | up bytes | x fewer than FedAvg |", "|---|---|---|---|"]
         L += [f"| {r['label']} | {r['trainable']:,} | {r['up_bytes']:,} | {r['x_fewer_than_fedavg']:,.1f} |" for r in res["bytes"]["rows"]]
@@ -414,6 +423,7 @@ def main():
     ap.add_argument("--from-runs", action="store_true", help="niah/trivia/ce: run nothing; report the grid's runs that "
                     "finished (their summary.json) and list the others as not run (a grid stopped by a time limit)")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", default="", help="passkey: comma-separated row labels to train (default: all)")
     a = ap.parse_args()
     if a.render:
         res = json.loads((RESULTS / f"{a.name}.json").read_text())
@@ -424,7 +434,7 @@ def main():
         mode, n = a.memory_point.split(":")
         print(json.dumps(memory_point(mode, int(n))))
         return
-    parts = ["bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
+    parts = ["recipe", "passkey", "bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
     if a.methods:
         keep = [m.strip() for m in a.methods.split(",")]
         bad = [m for m in keep if m not in [x[0] for x in METHODS]]
@@ -439,8 +449,13 @@ def main():
     res.update(size=a.size, seeds=seeds, meta=meta("python benchmarks/fednl_claims.py " + " ".join(sys.argv[1:])))
     for p in parts:
         t = time.time()
-        res[p] = {"bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
+        res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
+                  "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
+                                                      set(a.rows.split(",")) if a.rows else None),
+                  "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
+        if p == "passkey":
+            res["retrieval"] = res[p]["retrieval"]
         res[p]["seconds"] = time.time() - t
         res[p]["command"] = res["meta"]["command"]
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)

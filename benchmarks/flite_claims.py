@@ -38,7 +38,7 @@ TASKS = {
     "sentiment": {"task": "sentiment", "clients": 10, "rounds": 30, "fraction": 0.5, "batch_size": 16, "lr": 5e-5,
                   "local_epochs": 1.0, "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}},
     "fmnist": {"task": "fmnist", "clients": 10, "rounds": 10, "fraction": 0.5, "batch_size": 32, "lr": 1e-3,
-               "local_epochs": 1.0, "task_options": {"train_size": 3000, "test_size": 1000}},
+               "local_epochs": 1.0, "task_options": {"arch": "small", "train_size": 3000, "test_size": 1000}},
     "austen": {"task": "austen", "clients": 10, "rounds": 5, "fraction": 0.3, "batch_size": 4, "lr": 5e-5,
                "local_epochs": 1.0, "task_options": {"train_blocks": 200, "test_blocks": 36, "block_len": 64}},
 }
@@ -257,8 +257,8 @@ def main(argv=None) -> None:
     grid = grid_for(tasks, seeds, a.quick, a.baselines)
     t0 = time.time()
     if "fmnist" in tasks and not a.from_runs:   # our fmnist base, built once before the workers
-        from lightfed.tasks import WIDTHS, FmnistOptions, pretrain_fmnist
-        pretrain_fmnist(WIDTHS, FmnistOptions().pretrain_epochs)
+        from lightfed.tasks import fmnist
+        fmnist.pretrained_base("small", fmnist.ARCHS["small"][3])
     reused = sum(finished(label, c) is not None for label, c in grid)
     summaries = reuse_or_run(grid, a.workers, a.from_runs)
     settings = {t: {**TASKS[t], **(QUICK[t] if a.quick else {})} for t in tasks}

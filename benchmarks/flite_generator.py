@@ -26,7 +26,7 @@ from lightfed import config as C  # noqa: E402
 from lightfed import methods, tasks  # noqa: E402
 from lightfed.data.tensors import subset  # noqa: E402
 from lightfed.models import latent  # noqa: E402
-from lightfed.optim.zeroth_order import count_flops, tensor_bytes  # noqa: E402
+from lightfed.measure import count_flops, tensor_bytes  # noqa: E402
 from lightfed.report import human_bytes, markdown  # noqa: E402
 
 SETTINGS = {  # the batch each forward sees: flite_claims' batch size and length

@@ -461,26 +461,30 @@ def _hostile_one(args):
     torch.set_num_threads(1)
     from lightfed import config as C, methods
     from lightfed.engine import local
+    from lightfed.methods.zo_server import SeedReplay
     from lightfed.optim import zeroth_order as zo
     eo = dict(c.get("engine_options", {}))
     h, attack = eo.pop("hostile", 0), eo.pop("attack", "")
     cfg = C.from_dict({**c, "engine_options": eo})
     s = -10.0 if attack.startswith("sign") else 1000.0
     cls = methods.METHODS[cfg.method]
-    if h and hasattr(cls, "local_step"):
-        orig_step = cls.local_step
-
-        def step(self, model, batch, k, rs, loss, _o=orig_step):
-            row, losses, f = _o(self, model, batch, k, rs, loss)
-            if self._cid < h:
-                row = {key: [zo.f32(x * s) for x in v] for key, v in row.items()}   # on the wire's grid
-            return row, losses, f
+    if h and issubclass(cls, SeedReplay):
         orig_update = cls.client_update
 
         def update(self, model, down, data, ctx, _o=orig_update):
-            self._cid = ctx.cid
-            return _o(self, model, down, data, ctx)
-        cls.local_step, cls.client_update = step, update
+            if ctx.cid >= h:
+                return _o(self, model, down, data, ctx)
+            run = self.step.run
+
+            def hostile(m, model_, batch, k, rs, loss):
+                row, losses, f = run(m, model_, batch, k, rs, loss)
+                return {key: [zo.f32(x * s) for x in v] for key, v in row.items()}, losses, f   # on the wire's grid
+            self.step.run = hostile
+            try:
+                return _o(self, model, down, data, ctx)
+            finally:
+                del self.step.run
+        cls.client_update = update
     elif h:
         orig_update = cls.client_update
 

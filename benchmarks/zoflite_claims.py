@@ -186,7 +186,7 @@ def recalibration(base: dict) -> dict:
     import torch
     from lightfed import tasks
     from lightfed.data.tensors import batches
-    from lightfed.models.backbones import label_scores
+    from lightfed.models.lm import label_scores
     t = tasks.build(base["task"], base["task_options"], base["seed"])
     m, d, y = t.model.eval(), [], []
     with torch.no_grad():

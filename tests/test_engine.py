@@ -123,7 +123,7 @@ def test_bad_upload_is_refused_and_the_round_goes_on(tmp_path, attack):
         # a NaN written into a float payload, with the CRC recomputed: only the finiteness check can catch it
         import struct, zlib
         body = bytearray(blob[:-4])
-        end = len(body) - (1 + len(P.SAMPLES) + 1 + 4)      # the last fp32 value before the 4-byte sample count
+        end = len(body) - (1 + len(P.EXAMPLES) + 1 + 4)      # the last fp32 value before the 4-byte sample count
         body[end - 4:end] = struct.pack("<f", float("nan"))
         return bytes(body) + struct.pack("<I", zlib.crc32(bytes(body)))
 

@@ -56,7 +56,7 @@ def test_personalised_runs_export_the_clients_own_model_when_asked(tmp_path, cap
     client K's own adapters merged, which score what the run's per-client evaluation scored."""
     from transformers import AutoModelForCausalLM
     T = tiny_task("austen")
-    s = local.run(tiny_config("austen", "local", tmp_path / "run", rounds=1, fraction=1.0, clients=2), log=lambda *a: None)
+    s = local.run(tiny_config("austen", "local_only", tmp_path / "run", rounds=1, fraction=1.0, clients=2), log=lambda *a: None)
     assert cli.main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "x")]) == 2
     assert "no global model" in capsys.readouterr().err
     assert not (tmp_path / "x" / "config.json").exists()

@@ -14,7 +14,7 @@ from lightfed.engine import protocol as P
 from lightfed.measure import PeakRSS
 from lightfed.methods.base import ClientContext
 from lightfed.models import delta_memory as D
-from lightfed.models import streaming
+from lightfed.models import lm, streaming
 
 
 def qkvb(B=2, H=3, T=150, dk=16, dv=8, seed=0, dtype=torch.float32):
@@ -87,7 +87,7 @@ def test_gradients_through_the_memory_trajectory_match_finite_differences():
     ids = T.train["input_ids"][:2, :24]
     tmask = torch.zeros_like(ids, dtype=torch.bool)
     tmask[:, 17:] = True                                                        # targets in the last chunk only
-    loss = lambda: streaming.target_nll(model, ids, tmask, window=8)            # noqa: E731
+    loss = lambda: lm.target_nll(model, ids, tmask, window=8)            # noqa: E731
     model.zero_grad()
     loss().backward()
     d = {n: torch.randn(p.shape, generator=g, dtype=p.dtype) for n, p in theta.items()}
@@ -226,3 +226,99 @@ def test_the_memory_carries_context_across_chunks():
     carried, _ = streaming.stream_nll(model, ids, 32)
     reset, _ = streaming.stream_nll(model, ids, 32, carry=False)
     assert torch.equal(carried[:31], reset[:31]) and not torch.allclose(carried[31:], reset[31:])
+
+
+def test_grouped_memory_equals_one_state_per_query_head_with_repeated_keys():
+    """One memory per KV head read by its query heads = the repeated-KV form (3x less state and work on SmolLM2)."""
+    q, k, v, beta, S0 = qkvb(H=2, dtype=torch.float64)
+    q6 = torch.cat([q, q.flip(-1), q * 0.5], 1)                        # 6 query heads over 2 KV heads
+    o, S = D.chunked(q6, k, v, beta, S0, chunk=16)
+    rep = lambda x: x.repeat_interleave(3, 1)                           # noqa: E731
+    o_rep, S_rep = D.recurrent(q6.view(2, 2, 3, *q6.shape[2:]).reshape(2, 6, *q6.shape[2:]), rep(k), rep(v), rep(beta), rep(S0))
+    assert torch.allclose(o, o_rep, atol=1e-10) and torch.allclose(S, S_rep[:, ::3], atol=1e-10)
+    o2, S2 = D.recurrent(q6, k, v, beta, S0)
+    assert torch.allclose(o, o2, atol=1e-10) and torch.allclose(S, S2, atol=1e-10)
+
+
+def _tiny_memory_lm(layers=5, mem=(2, 3), seed=0, dtype=torch.float64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    m = LlamaForCausalLM(cfg).to(dtype)
+    m.requires_grad_(False)
+    for b in D.attach(m, list(mem), r=4, chunk=8, gate=0.3):
+        b.to(dtype)
+        torch.nn.init.normal_(b.q.B, std=0.1)
+        torch.nn.init.normal_(b.v.B, std=0.1)
+    return m
+
+
+def test_the_fast_stream_caches_frozen_layers_and_stops_early_chunks_at_the_last_memory_layer():
+    """Memory in layers 2-3 of 5: the frozen layers 0-1 come from the prefix cache, chunks that predict no target
+    stop after layer 3; loss and gradients equal the plain per-chunk forward's (float64: exactly)."""
+    m = _tiny_memory_lm()
+    ids = torch.randint(0, 120, (3, 40), generator=torch.Generator().manual_seed(1))
+    tm = torch.zeros(3, 40, dtype=torch.bool)
+    tm[:, 33:] = True                                     # targets in the last chunk only (position 32 predicts 33)
+    params = [p for p in m.parameters() if p.requires_grad]
+
+    def plain():
+        with D.stream(m, D.Stream(grad=True)):
+            h = torch.cat([m.model(input_ids=ids[:, s:s + 8]).last_hidden_state for s in range(0, 40, 8)], 1)
+        sel = tm[:, 1:]
+        return F.cross_entropy(m.lm_head(h[:, :-1][sel]), ids[:, 1:][sel])
+
+    ref = plain()
+    g_ref = torch.autograd.grad(ref, params)
+    calls = []
+    hook = m.model.layers[4].register_forward_hook(lambda *a: calls.append(1))
+    m.prefix_cache = streaming.PrefixCache()
+    for _ in range(2):                                     # the second pass reads every chunk from the cache
+        got = lm.target_nll(m, ids, tm, window=8)
+        g = torch.autograd.grad(got, params)
+        assert got.item() == ref.item() and all(torch.equal(a, b) for a, b in zip(g, g_ref))
+    hook.remove()
+    assert len(calls) == 2                                 # the top layer ran for the target chunk only, once a pass
+    assert m.prefix_cache.misses == 15 and m.prefix_cache.hits == 15
+
+
+def test_fednl_learns_cross_chunk_recall_that_the_reset_memory_cannot(one_thread):
+    """Learnability, in seconds: a tiny frozen causal LM with FedNL's memory branch; key-value pair tokens written
+    in early chunks, the key asked in the last chunk, attention local to each 8-token chunk. Only the memory rules
+    train (LoRA q/k/v, beta, gate). The carried memory answers; the same model with its memory emptied at every
+    chunk is at chance (1/8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    NK, NV, C, NCH = 8, 8, 8, 4
+    PAIR, Q, A = 2, 2 + NK * NV, 2 + NK * NV + NK
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=A + NV, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     tie_word_embeddings=True))
+    m.requires_grad_(False)
+    D.attach(m, [1], r=8, chunk=C, gate=0.1)
+
+    def batch(n, g):
+        ids = torch.ones(n, NCH * C, dtype=torch.long)                             # filler
+        k, v = torch.randint(0, NK, (n,), generator=g), torch.randint(0, NV, (n,), generator=g)
+        at = torch.randint(0, (NCH - 1) * C, (n,), generator=g)                    # anywhere but the last chunk
+        ids[torch.arange(n), at] = PAIR + k * NV + v
+        ids[:, -1] = Q + k
+        return ids, v
+
+    def accuracy(reset):
+        ids, v = batch(256, torch.Generator().manual_seed(99))
+        with torch.no_grad():
+            h = streaming.hidden(m, ids, C, reset=reset)
+        return (m.lm_head(h[:, -1])[:, A:].argmax(-1) == v).float().mean().item()
+
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(350):
+        ids, v = batch(32, g)
+        loss = F.cross_entropy(m.lm_head(streaming.hidden(m, ids, C)[:, -1])[:, A:], v)   # over the values
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert accuracy(reset=False) >= 0.95
+    assert accuracy(reset=True) <= 0.3

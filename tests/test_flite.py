@@ -236,7 +236,7 @@ def test_latent_round_trip_on_the_wire(codec):
     payload = (K + 1) // 2 if codec == "int4" else K
     # header 8, name "z" 2, type/codec/ndim 3, one varint dim (K >= 128: 2 B), scale 4, CRC 4
     assert len(blob) == encoded_size(m.up_schema(), "flite/up") == payload + 23
-    up = encode({"z": z, P.SAMPLES: 80}, P.up_schema(m), kind="flite/up")   # + the sample count: 8 B
+    up = encode({"z": z, P.EXAMPLES: 80}, P.up_schema(m), kind="flite/up")   # + the sample count: 8 B
     assert len(up) - payload == 31      # < 5% from 1,240 int4 latents on (MiniLM: 1,296), see test_wire
     back = decode(blob, m.up_schema(), kind="flite/up", max_bytes=10**6)["z"]
     assert (back - z).abs().max() <= z.abs().max() / qmax / 2 + 1e-7
@@ -317,7 +317,7 @@ def test_the_engine_s_mean_of_latents_is_fedavg_of_the_generated_weights(tmp_pat
     local.run(cfg, tamper=lambda rnd, cid, up: ups.setdefault(cid, up), log=lambda *a: None)
     S = local.build(cfg)
     got = [decode(ups[c], P.up_schema(S.method), kind="flite/up", max_bytes=10**7) for c in sorted(ups)]
-    n = torch.tensor([float(f.pop(P.SAMPLES)) for f in got], dtype=torch.float64)
+    n = torch.tensor([float(f.pop(P.EXAMPLES)) for f in got], dtype=torch.float64)
     assert len(got) == 2 and n[0] != n[1] and not torch.equal(got[0]["z"], got[1]["z"])
     _, state, _, _ = local.load_checkpoint(tmp_path)
     w = n / n.sum()

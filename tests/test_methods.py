@@ -34,7 +34,7 @@ def test_fedavg_aggregate_is_the_sample_weighted_mean():
     state = m.init_state(model)
     _, f1, _ = _client(T, cfg, m, model, state, 1, range(8))
     _, f2, _ = _client(T, cfg, m, model, state, 2, range(8, 32))
-    n1, n2 = f1.pop(P.SAMPLES), f2.pop(P.SAMPLES)
+    n1, n2 = f1.pop(P.EXAMPLES), f2.pop(P.EXAMPLES)
     new = m.aggregate(state, [(f1, n1), (f2, n2)], 1)
     for k in state:
         want = (f1[k].double() * n1 + f2[k].double() * n2) / (n1 + n2)
@@ -74,7 +74,7 @@ def test_fedprox_with_mu_zero_is_fedavg():
         T, cfg, m, model = _setup(name, **opts)
         _, f, _ = _client(T, cfg, m, model, m.init_state(model))
         ups[name] = f
-    assert ups["fedavg"].pop(P.SAMPLES) == ups["fedprox"].pop(P.SAMPLES)
+    assert ups["fedavg"].pop(P.EXAMPLES) == ups["fedprox"].pop(P.EXAMPLES)
     assert all(torch.equal(ups["fedavg"][k], ups["fedprox"][k]) for k in ups["fedavg"])
 
 
@@ -146,7 +146,7 @@ def test_powersgd_shared_factors_are_one_power_step_on_the_mean_update():
     for seed, rows_ in ((1, range(8)), (2, range(8, 32))):
         cst = {}
         up, f, _ = _client(T, cfg, m, model, state, seed, rows_, cstate=cst)
-        n = f.pop(P.SAMPLES)
+        n = f.pop(P.EXAMPLES)
         ups.append((f, float(n)))
         # the client's update, rebuilt from its residual: M_k = E_k + P^ Q_k^T
         Ms.append((cst[k + ".E"] + state["_" + k + ".P"] @ f[k + ".Q"].T, float(n)))
@@ -175,4 +175,4 @@ def test_the_aggregation_weight_is_the_clients_example_count_not_the_samples_pro
     _, f1, s1 = _client(T, cfg, m, model, state, 1, range(8))
     _, f2, s2 = _client(T, cfg, m, model, state, 2, range(8, 32))
     assert s1["samples"] == s2["samples"] == 16
-    assert (f1[P.SAMPLES], f2[P.SAMPLES]) == (8, 24)
+    assert (f1[P.EXAMPLES], f2[P.EXAMPLES]) == (8, 24)

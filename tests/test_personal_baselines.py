@@ -10,7 +10,7 @@ from lightfed import seeds
 from lightfed.data.tensors import subset
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
-from lightfed.methods.fedala import LOCAL, WEIGHT, FedALA, top_layers
+from lightfed.methods.fedala import OWN, WEIGHT, FedALA, top_layers
 from lightfed.methods.fedssi import OMEGA, FedSSI
 from lightfed.methods.local_only import LocalOnly
 from lightfed.wire import encoded_size
@@ -99,19 +99,19 @@ def test_fedala_top_layers():
 def test_fedala(one_thread):
     r = Run(FedALA, max_steps=4, k=2, threshold=0.0)      # threshold 0: the first ALA runs max_steps
     top, lower = names_of(r, "layers.1."), names_of(r, "layers.0.")
-    assert r.m.top == set(top) and lower
+    assert r.m.adaptive == set(top) and lower
 
     # first participation: no local model, start = global, no W yet
     down = r.down_fields()
     start, ala = r.m.adapt(r.model, down, r.data(0), r.ctx(0, 1))
     assert ala["ala_steps"] == 0 and all(torch.equal(start[n], down[n]) for n in down)
     r.round(1)
-    assert all(LOCAL + n in r.cstate[0] for n in r.m.shapes)
+    assert all(OWN + n in r.cstate[0] for n in r.m.shapes)
     assert not any(k.startswith(WEIGHT) for k in r.cstate[0])
 
     # theta_local == theta_global: W stays exactly 1 and the ALA result is the global model
     down = r.down_fields()
-    same = {LOCAL + n: v.clone() for n, v in down.items()}
+    same = {OWN + n: v.clone() for n, v in down.items()}
     start, ala = r.m.adapt(r.model, down, r.data(0), r.ctx(0, 2, same))
     assert ala["ala_steps"] == 4
     assert all(torch.equal(same[WEIGHT + n], torch.ones_like(down[n])) for n in top)
@@ -119,7 +119,7 @@ def test_fedala(one_thread):
 
     # second participation: start lies strictly between local and global on the top layer
     keep = clone_state(r.cstate[0])
-    local = {n: keep[LOCAL + n] for n in r.m.shapes}
+    local = {n: keep[OWN + n] for n in r.m.shapes}
     assert any(not torch.equal(local[n], down[n]) for n in top)
     start, ala = r.m.adapt(r.model, down, r.data(0), r.ctx(0, 2, clone_state(keep)))
     assert ala["ala_steps"] == 4 and ala["flops"] > 0
@@ -145,7 +145,7 @@ def test_fedala(one_thread):
     probe = r.m.prepare(copy.deepcopy(r.T.model))
     r.m.personal(probe, r.state, r.cstate[0])
     got = r.m.init_state(probe)
-    assert all(torch.equal(got[n], r.cstate[0][LOCAL + n]) for n in r.m.shapes)
+    assert all(torch.equal(got[n], r.cstate[0][OWN + n]) for n in r.m.shapes)
     assert any(not torch.equal(got[n], r.state[n]) for n in top)
     r.m.personal(probe, r.state, {})
     assert all(torch.equal(v, r.state[n]) for n, v in r.m.init_state(probe).items())
@@ -188,7 +188,7 @@ def test_fedssi_penalty_pulls(one_thread):
         r = Run(FedSSI, {"local_steps": 6, "lr": 1e-2}, c=c)
         theta_star = r.down_fields()
         r.client(0, 1)
-        d = torch.cat([(r.cstate[0][LOCAL + n] - theta_star[n]).flatten() for n in theta_star])
+        d = torch.cat([(r.cstate[0][OWN + n] - theta_star[n]).flatten() for n in theta_star])
         return d, torch.cat([r.cstate[0][OMEGA + n].flatten() for n in theta_star])
 
     (free, om0), (held, om1) = moved(0.0), moved(1e6)
@@ -208,9 +208,9 @@ def test_local_only(one_thread):
         ups, _ = r.round(rnd)
         assert all(torch.equal(r.state[n], s0[n]) for n in s0), "the server state moved"
         for _, up in ups:   # only the engine's sample count travels
-            assert len(up) == encoded_size(P.up_schema(r.m), kind="local/up") == 20
+            assert len(up) == encoded_size(P.up_schema(r.m), kind="local_only/up") == 20
     # round 2 started from each client's own tensors, not the broadcast
-    mine = [{n: r.cstate[c][LOCAL + n] for n in s0} for c in (0, 1)]
+    mine = [{n: r.cstate[c][OWN + n] for n in s0} for c in (0, 1)]
     probe = r.m.prepare(copy.deepcopy(r.T.model))
     models = []
     for c in (0, 1):
@@ -222,4 +222,4 @@ def test_local_only(one_thread):
     # the second round continued from round 1's tensors: a fresh client's round 2 ends elsewhere
     fresh = {}
     r.client(0, 2, fresh)
-    assert any(not torch.equal(fresh[LOCAL + n], mine[0][n]) for n in s0)
+    assert any(not torch.equal(fresh[OWN + n], mine[0][n]) for n in s0)

@@ -10,7 +10,7 @@ from lightfed import methods, tasks
 from lightfed.data.tensors import subset
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
-from lightfed.models.backbones import label_scores
+from lightfed.models.lm import label_scores
 from lightfed.models.split import split
 
 

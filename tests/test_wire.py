@@ -213,10 +213,10 @@ def test_int4_latent_overhead_under_5_percent():
     assert overhead == 8 + (1 + len("z")) + 3 + 2 + 4 + 4 == 23      # header, name, type/codec/ndim, dim, scale, CRC
     assert overhead < 0.05 * 640
     # FLITE's upload on MiniLM: 1,296 int4 latents + the engine's 4-byte sample count
-    from lightfed.engine.protocol import SAMPLES
-    schema = {"z": Spec("tensor", (1296,), "int4"), SAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
-    msg = encode({"z": torch.randn(1296), SAMPLES: 80}, schema, kind="flite/up")
-    assert len(msg) - 648 == 23 + (1 + len(SAMPLES) + 1 + 4) == 31 < 0.05 * 648
+    from lightfed.engine.protocol import EXAMPLES
+    schema = {"z": Spec("tensor", (1296,), "int4"), EXAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
+    msg = encode({"z": torch.randn(1296), EXAMPLES: 80}, schema, kind="flite/up")
+    assert len(msg) - 648 == 23 + (1 + len(EXAMPLES) + 1 + 4) == 31 < 0.05 * 648
 
 
 def test_int_width_follows_the_bounds():

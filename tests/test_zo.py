@@ -14,9 +14,10 @@ from safetensors.torch import save_file
 from conftest import Quadratic, tiny_config, tiny_task
 from lightfed import methods, tasks
 from lightfed.data.tensors import subset
+from lightfed import measure
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
-from lightfed.models import backbones
+from lightfed.models import backbones, lm
 from lightfed.models.split import split
 from lightfed.optim import zeroth_order as zo
 from lightfed.wire import decode, encode
@@ -91,7 +92,7 @@ def test_split_forward_equals_unsplit(task):
     elif task == "austen":   # the tiny LM and the exact body of tasks.austen's loss (no need to tokenise novels)
         model, batch = backbones.smollm2(True, 0), {"input_ids": torch.randint(0, 49152, (3, 16))}
         loss = lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss
-    else:                    # trivia: tasks.option_scores + cross-entropy, as tasks.trivia's loss
+    else:                    # trivia: lm.option_scores + cross-entropy, as tasks.trivia's loss
         model = backbones.smollm2(True, 0)
         attn = torch.ones(2, 4, 10, dtype=torch.long)
         attn[:, :, 8:] = 0
@@ -99,7 +100,7 @@ def test_split_forward_equals_unsplit(task):
         tmask[:, :, 5:8] = True
         batch = {"input_ids": torch.randint(0, 49152, (2, 4, 10)), "attention_mask": attn, "target_mask": tmask,
                  "labels": torch.tensor([1, 3])}
-        loss = lambda m, b: F.cross_entropy(tasks.option_scores(m, b["input_ids"], b["attention_mask"],
+        loss = lambda m, b: F.cross_entropy(lm.option_scores(m, b["input_ids"], b["attention_mask"],
                                                                 b["target_mask"]), b["labels"])
     model.eval()
     with torch.no_grad():
@@ -141,8 +142,8 @@ def test_fedspzo_step_stats_and_no_grad(spzo):
     assert stats["flops"] == stats["flops_f1"] + stats["flops_f2"] > 0
     # exact accounting: per-sample FLOPs of one forward of each block x forwards x samples
     sp, b = split(model, "sentiment", 1), subset(T.train, range(8))
-    y, f1 = zo.count_flops(lambda: sp.f1(b))
-    _, f2 = zo.count_flops(lambda: sp.f2_loss(y, b))
+    y, f1 = measure.count_flops(lambda: sp.f1(b))
+    _, f2 = measure.count_flops(lambda: sp.f2_loss(y, b))
     assert stats["flops_f1"] == f1 / 8 * 2 * stats["samples"] and stats["flops_f2"] == f2 / 8 * 8 * stats["samples"]
     mem = stats["memory_accounted"]
     assert set(mem) == {"params", "activations", "boundary", "z"} and all(v > 0 for v in mem.values())
@@ -198,7 +199,7 @@ def test_a_forged_step_count_or_example_count_is_refused_before_any_replay(spzo,
     monkeypatch.setattr(m, "replay", lambda *a: replays.append(1))
     K = 5000
     big = {**f, "g1": torch.zeros(K, 1), "g2": torch.zeros(K, 4)}
-    huge_n = {**f, P.SAMPLES: 2**32 - 1}
+    huge_n = {**f, P.EXAMPLES: 2**32 - 1}
     _, report = P.aggregate(m, state, [(0, encode(big, schema, kind="fedspzo/up")),
                                        (1, encode(huge_n, schema, kind="fedspzo/up"))], 1, max_bytes=cfg.max_message_bytes)
     assert report["accepted"] == 0 and replays == []
@@ -214,7 +215,7 @@ def test_aggregate_is_the_mean_of_replays_and_the_seed_only_downlink_matches(spz
         assert torch.allclose(new[k], (ups[0][2][k].double() + ups[1][2][k].double()).div(2).float(), atol=1e-7)
     fields = [(decode(u, P.up_schema(m), kind="fedspzo/up", max_bytes=10**6), 16.0) for u, _, _ in ups]
     for f, _ in fields:
-        f.pop(P.SAMPLES)
+        f.pop(P.EXAMPLES)
     seed_only = m.replay_mean(state, 1, fields)        # what a client holding the old model rebuilds
     assert all(torch.allclose(seed_only[k], new[k], rtol=0, atol=1e-6) for k in state)
     # the reported size is that of the message the server sends: its record fields are "0.g1", "0.g2"
@@ -248,8 +249,8 @@ def test_fedspzo_independent_estimates_the_ablation():
     batch = next(iter(zo.step_batches(subset(T.train, range(16)), cfg.batch_size, 2,
                                       ClientContext(0, 1, 100, cfg, T.loss, {}).generator())))
     with torch.no_grad():
-        y = m2.sp.f1(batch)
-        g, _, _ = zo.two_point(lambda: m2.sp.f2_loss(y, batch), fresh, m2.block_params["theta2"],
+        y = m2.step.sp.f1(batch)
+        g, _, _ = zo.two_point(lambda: m2.step.sp.f2_loss(y, batch), fresh, m2.block_params["theta2"],
                                zo.derive(m.round_seed(1), 0, 2, 0), 1e-3, m2.owner_map, m2.fast)
     assert f["g2"][0, 0].item() == zo.f32(g)
 
@@ -263,5 +264,5 @@ def test_flops_count_the_fused_cpu_attention_in_eval_mode():
     for mode in ("train", "eval"):
         getattr(model, mode)()
         with torch.no_grad():
-            _, counts[mode] = zo.count_flops(lambda: T.loss(model, b))
+            _, counts[mode] = measure.count_flops(lambda: T.loss(model, b))
     assert counts["eval"] == counts["train"] > 0

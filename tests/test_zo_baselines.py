@@ -7,6 +7,7 @@ import torch
 from conftest import Quadratic, tiny_config, tiny_task
 from lightfed import methods
 from lightfed.data.tensors import subset
+from lightfed import measure
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext, weighted_mean
 from lightfed.methods.fedzo import direction_norm, forward_difference
@@ -65,13 +66,13 @@ def test_fedzo_uploads_the_full_model_and_counts_b2_plus_one_forwards():
     f = decode(up, P.up_schema(m), kind="fedzo/up", max_bytes=10**8)
     d = sum(p.numel() for p in m.trainable(model).values())
     assert d == sum(p.numel() for n, p in model.named_parameters() if "layer.1." in n or "head." in n) > 5_000
-    assert {k: tuple(v.shape) for k, v in f.items() if k != P.SAMPLES} == m.shapes
-    assert sum(v.numel() for k, v in f.items() if k != P.SAMPLES) == d
+    assert {k: tuple(v.shape) for k, v in f.items() if k != P.EXAMPLES} == m.shapes
+    assert sum(v.numel() for k, v in f.items() if k != P.EXAMPLES) == d
     assert 4 * d < len(up) == encoded_size(P.up_schema(m), kind="fedzo/up") < 4 * d + 4096   # d fp32 + framing
     assert any(not torch.equal(f[n], state[n]) for n in state)
     assert stats["forwards_per_step"] == {"fwd": 4} and stats["steps"] == 2 and stats["samples"] == 16
     model.eval()                     # as the client counts (CPU SDPA in eval mode: FlopCounterMode skips attention)
-    _, fl = zo.count_flops(lambda: T.loss(model, subset(T.train, range(8))))
+    _, fl = measure.count_flops(lambda: T.loss(model, subset(T.train, range(8))))
     assert stats["flops"] == fl / 8 * 4 * 16
     assert set(stats["memory_accounted"]) == {"params", "activations", "z"}
     assert all(p.grad is None for p in model.parameters())
@@ -103,7 +104,7 @@ def test_decomfl_replay_of_mean_scalars_equals_the_weighted_mean_of_replayed_mod
     fields = []
     for up, _ in ups:
         f = decode(up, P.up_schema(m), kind="decomfl/up", max_bytes=10**6)
-        fields.append((f, float(f.pop(P.SAMPLES))))
+        fields.append((f, float(f.pop(P.EXAMPLES))))
     assert [w for _, w in fields] == [16.0, 8.0, 24.0]              # K = 2, 1, 3 steps of 8
     models = [(m.replay(state, 1, f), w) for f, w in fields]   # each client's model, rebuilt (digest-checked above)
     fedavg = weighted_mean(models, m.names)                  # the weights (the state also holds down=seeds' log)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="tasks and methods with their options")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
-    pt.add_argument("--epochs", type=int, default=2)
+    pt.add_argument("--arch", default="resnet18", help="resnet18 (FLITE's paper scale, ~11M weights) | small")
+    pt.add_argument("--epochs", type=int, default=0, help="0: the arch's default")
     return p
 
 
@@ -140,8 +142,8 @@ def cmd_list() -> int:
         return ", ".join(f"{f.name}={getattr(cls(), f.name)!r}" for f in dataclasses.fields(cls)) or "(no options)"
 
     print("tasks:")
-    for name, (o, fn) in tasks.TASKS.items():
-        print(f"  {name:10s} {opts(o)}")
+    for name, t in tasks.TASKS.items():
+        print(f"  {name:10s} {opts(t.Options)}")
     print("methods:")
     for name, m in methods.METHODS.items():
         print(f"  {name:14s} {f'lr {m.lr:g}' if m.lr else 'no lr (closed form)'}; {opts(m.Options)}")
@@ -173,9 +175,11 @@ def main(argv=None) -> int:
             print(f"lightfed: report: {r['html']} (plots: {', '.join(r['images'])})", file=sys.stderr)
             return 0
         if a.cmd == "pretrain":
-            from lightfed.tasks import pretrain_fmnist
-            from lightfed.tasks import WIDTHS
-            pretrain_fmnist(WIDTHS, a.epochs)
+            from lightfed.tasks import fmnist
+            fmnist.Options(arch=a.arch, pretrain_epochs=a.epochs).check()
+            epochs = a.epochs or fmnist.ARCHS[a.arch][3]
+            fmnist.pretrained_base(a.arch, epochs)
+            print(json.dumps(fmnist.base_report(a.arch, epochs), indent=1))
             return 0
     except (C.ConfigError, AssetMissing) as e:
         print(f"lightfed: error: {e}", file=sys.stderr)

@@ -52,6 +52,10 @@ class RunConfig:
     secagg_threshold: int = 0       # t of its t-of-m secret sharing; 0: ceil(2m/3)
     dp_seeded: bool = True          # noise drawn from the run's seed (reproducible); false: from the OS, which no server
                                     # can remove (use it on real devices)
+    device: str = "auto"            # auto (CUDA if torch sees one, else CPU) | cpu | cuda | cuda:N: where clients train
+                                    # and the engines evaluate; the wire and the server's aggregation stay on the CPU
+    dtype: str = "fp32"             # fp32 | bf16: the frozen weights in bfloat16 and forwards under autocast
+                                    # (trainable weights, optimizer state and messages stay float32)
     init: str = ""                  # start from a finished run's model (a results folder whose state holds the
                                     # model's own tensors, e.g. a `probe` run: LP-then-FT); its cost is reported
     out: str = ""                   # results folder; default runs/<task>-<method>-<time>

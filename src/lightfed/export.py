@@ -2,7 +2,7 @@
 that transformers loads with from_pretrained.
 
 - FLITE / ZO-FLITE: W + A Z B^T materialised into every latent layer, the layers unwrapped (plain weights).
-- LoRA-family (lora, fedala, fedssi, local's global model): W + (alpha / r) B A merged by PEFT, unwrapped;
+- LoRA-family (lora, fedala, fedssi, local_only): W + (alpha / r) B A merged by PEFT, unwrapped;
   `--adapter` instead writes the adapters alone (adapter_model.safetensors + adapter_config.json, as PEFT
   saves them) next to the base model's name.
 - Weight-space methods (fedavg, fedprox, top-k, PowerSGD, the zeroth-order ones): the weights as they are.
@@ -97,7 +97,7 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: i
         which = f"client {client}'s own"
     model = S.model.eval()
     to.mkdir(parents=True, exist_ok=True)
-    peft_family = cfg.method in ("lora", "fedala", "fedssi", "local")
+    peft_family = cfg.method in ("lora", "fedala", "fedssi", "local_only")
     if adapter:
         if not peft_family:
             raise C.ConfigError(f"--adapter: {cfg.method} has no LoRA adapters; export merged weights instead")

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
-from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import (FlopCounterMode, flop_registry, register_flop_formula, sdpa_backward_flop_count,
+                                      sdpa_flop_count)
 
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _CPU_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -87,3 +92,71 @@ class Clock:
                 return False
 
         return _Span()
+
+
+# --- FLOPs and live tensor bytes of one call (the zeroth-order methods' accounting) ------------------
+# count_flops(fn): torch's FlopCounterMode over one call (matmul / bmm / addmm / convolution / attention kernels;
+# element-wise ops, norms, softmax, random draws and perturbation arithmetic are not counted).
+# peak_live_bytes(fn, exclude): the peak total size of the tensor storages created by aten ops during fn that are
+# alive at the same time (kernel-internal scratch not included).
+def count_flops(fn: Callable):
+    """(fn(), FLOPs of that call as torch's FlopCounterMode counts them)."""
+    with FlopCounterMode(display=False) as fc:
+        out = fn()
+    return out, fc.get_total_flops()
+
+
+class _LiveBytes(TorchDispatchMode):
+    def __init__(self, exclude: set[int]):
+        super().__init__()
+        self.exclude, self.live, self.now, self.peak = exclude, {}, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for ptr in [k for k, (w, _) in self.live.items() if w.expired()]:
+            self.now -= self.live.pop(ptr)[1]
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                ptr = s.data_ptr()
+                if ptr and ptr not in self.exclude and ptr not in self.live:
+                    self.live[ptr] = (StorageWeakRef(s), s.nbytes())
+                    self.now += s.nbytes()
+        self.peak = max(self.peak, self.now)
+        return out
+
+
+def storage_ptrs(*trees) -> set[int]:
+    """Data pointers of every tensor storage in the given pytrees (params, batches, boundaries)."""
+    return {t.untyped_storage().data_ptr() for tr in trees for t in tree_leaves(tr) if isinstance(t, torch.Tensor)}
+
+
+def tensor_bytes(*trees) -> int:
+    """Bytes of the distinct storages in the given pytrees."""
+    seen = {}
+    for tr in trees:
+        for t in tree_leaves(tr):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+@torch.no_grad()
+def peak_live_bytes(fn: Callable, exclude: set[int]):
+    """(fn(), peak bytes of tensors created during fn and alive at once; `exclude`: storages not to count)."""
+    mode = _LiveBytes(exclude)
+    with mode:
+        out = fn()
+    return out, mode.peak
+
+
+def z_bytes(params: dict, shared: dict | None = None) -> int:
+    """Transient memory of one perturbation or update: the largest parameter's perturbed copy, one
+    float64 chunk while drawing, plus held copies of shared (tied) parameters."""
+    if not params:
+        return 0
+    big = max(params.values(), key=lambda p: p.numel())
+    held = sum(p.numel() * p.element_size() for p in (shared or {}).values())
+    from lightfed.seeds import CHUNK
+    return big.numel() * big.element_size() + 8 * min(CHUNK, big.numel()) + held

@@ -369,14 +369,13 @@ class Round:
         self.masked[cid] = msg
         return msg
 
-    def aggregate(self, method, state, rnd: int, sampled: list[int]):
+    def aggregate(self, method, schema, state, rnd: int, sampled: list[int]):
         """Server side: unmask the survivors' sum; the method aggregates it as one upload holding their
-        example-weighted mean (what FedAvg's weighted mean of their uploads is)."""
+        example-weighted mean (what FedAvg's weighted mean of their uploads is). schema: the uploads' (with `_n`)."""
         if not self.masked:
             return method.after_round(state, rnd, [], sampled), {"accepted": 0, "rejected": [],
                                                                  "failed": self.failed or "no masked input"}
-        from lightfed.engine.protocol import up_schema
-        names, shapes = layout(up_schema(method))
+        names, shapes = layout(schema)
         dim = sum(math.prod(s) for s in shapes.values()) + 1
         req = self.server.unmask_request(self.masked, dim)
         total = None if req is None else self.server.unmask_finish(self.call("unmask", {i: req for i in self.server.alive}))

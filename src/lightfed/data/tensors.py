@@ -17,8 +17,12 @@ def subset(data: Data, idx) -> Data:
 
 
 def batches(data: Data, batch_size: int, generator: torch.Generator | None = None):
-    """Yield batches; shuffled when a generator is given, in order otherwise."""
+    """Yield batches; shuffled when a generator is given, in order otherwise. Each batch is on the device of the
+    `device.using` block it is drawn in (the CPU outside one)."""
+    from lightfed import device
     n = size(data)
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    dev = device.current()
     for i in range(0, n, batch_size):
-        yield subset(data, order[i:i + batch_size])
+        b = subset(data, order[i:i + batch_size])
+        yield b if dev.type == "cpu" else device.to(b, dev)

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from lightfed import config as C
-from lightfed import methods, privacy, secagg, tasks
+from lightfed import device, methods, privacy, secagg, tasks
 from lightfed.data import partition
 from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
@@ -77,6 +77,7 @@ class Setup:
 def check(cfg: C.RunConfig) -> None:
     """Every check that needs no data or model: a bad config fails here, before any work."""
     C.validate(cfg)
+    device.check(cfg.device, cfg.dtype)
     methods.options(cfg.method, cfg.method_options)
     privacy.check(cfg, methods.METHODS[cfg.method])
     if cfg.init and not (Path(cfg.init) / "summary.json").is_file():
@@ -117,6 +118,7 @@ def build(cfg: C.RunConfig) -> Setup:
     init = start_from(task.model, cfg.init) if cfg.init else None
     with seeded(derive_seed(cfg.seed, 0)):      # e.g. PEFT draws LoRA's A from the global RNG
         model = method.prepare(task.model)
+    device.place(model, cfg.device, cfg.dtype)
     n_train = sum(p.numel() for p in method.trainable(model).values())
     info = {"task": task.info, "trainable_params": n_train, "lr": method.lrs(), "method": getattr(method, "info", None), "init": init,
             "model_params": sum(p.numel() for p in model.parameters()),
@@ -258,14 +260,20 @@ def begin(cfg: C.RunConfig, resume: bool, log, engine: str = ""):
     else:
         start, state, client_states = 0, S.method.init_state(S.model), {}
         S.method.load(S.model, P.received(S.method, state, 0, cfg.max_message_bytes))
-        history = [{"round": 0, **evaluate(S.task, S.model)}]
+        history = [{"round": 0, **evaluate(S.task, S.model, cfg)}]
     rewrite_metrics(out, history, start, resume)
     return S, out, start, state, client_states, history
 
 
-def evaluate(task: tasks.Task, model) -> dict:
+def evaluate(task: tasks.Task, model, cfg: C.RunConfig | None = None) -> dict:
     """{metric: value} on the test set; with test domains also {"per_domain": {domain: value}}, and the
-    metric is then their example-weighted mean (the same number for a mean over examples)."""
+    metric is then their example-weighted mean (the same number for a mean over examples). On the run's device and
+    in its dtype."""
+    with device.using(cfg.device if cfg else "cpu", cfg.dtype if cfg else "fp32"):
+        return _evaluate(task, model)
+
+
+def _evaluate(task: tasks.Task, model) -> dict:
     if task.details is not None:         # one pass gives the metric, per domain and per cell
         raw = task.details(model, task.test)
         flat = {d: [x for xs in cells.values() for x in xs] for d, cells in raw.items()}
@@ -292,7 +300,9 @@ def evaluate_clients(S: Setup, state, client_states: dict) -> dict:
         if task.test_domains is not None and task.domains is not None:
             mine = set(task.domains[S.shards[cid]].tolist())
             test = subset(task.test, np.flatnonzero(np.isin(task.test_domains, sorted(mine))))
-        out[str(cid)] = {task.metric: task.evaluate(model, test),
+        with device.using(S.cfg.device, S.cfg.dtype):
+            score = task.evaluate(model, test)
+        out[str(cid)] = {task.metric: score,
                          "domains": sorted(set(task.domains[S.shards[cid]].tolist())) if task.domains is not None else None}
     method.load(model, state)
     return out
@@ -309,7 +319,7 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
             state, report = P.aggregate(method, state, uploads, rnd, max_bytes=cfg.max_message_bytes,
                                         min_clients=cfg.min_clients, sampled=sampled)
         else:                                 # only the survivors' sum; the protocol's bytes join each client's
-            state, report = sec.aggregate(method, state, rnd, sampled)
+            state, report = sec.aggregate(method, P.up_schema(method), state, rnd, sampled)
             for c in rec["clients"] + rec.get("dropped", []):
                 o = sec.overhead(c["id"])
                 c["secagg"] = o
@@ -327,7 +337,7 @@ def close_round(S: Setup, state, uploads, rnd: int, rec: dict, clock: Clock, his
     if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
         with clock("eval"):
             method.load(model, P.received(method, state, rnd + 1, cfg.max_message_bytes))   # what clients get next
-            rec.update(evaluate(task, model))
+            rec.update(evaluate(task, model, cfg))
         bar.set_postfix({task.metric: f"{rec[task.metric]:.4g}"})
     rec["time"] = {"round": 0.0, "engine": 0.0, **clock.total}   # final after the checkpoint; a record recovered
                                                                  # from the checkpoint keeps these zeros

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from lightfed import privacy
+from lightfed import device, privacy
 from lightfed.data.tensors import Data, size
 from lightfed.methods.base import EXAMPLES, ClientContext, Method, Rejected
 from lightfed.wire import Spec, WireError, decode, encode, kind_of
 
-SAMPLES = EXAMPLES
 
 
 def up_schema(method: Method):
-    return {**method.up_schema(), SAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
+    return {**method.up_schema(), EXAMPLES: Spec("int", lo=1, hi=2**32 - 1)}
 
 
 def broadcast(method: Method, state, rnd: int, cid: int | None = None, cache: dict | None = None) -> bytes:
@@ -52,12 +51,15 @@ def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data
     fields = decode(down, kinds.get(kind, method.down_schema()), kind=kind, max_bytes=max_bytes)
     torch.manual_seed(ctx.seed)   # dropout and anything else drawing from the global RNG: same in every engine
     kept = dict(ctx.state)        # the client's state changes only with an upload that went out
+    if ctx.cfg.dp_clip > 0 and method.dp == "scalars":        # clipped + noised per step, inside the method's loop
+        ctx.step_noise = lambda K: privacy.StepNoise(ctx.cfg, ctx.seed, K)
     try:
-        update, stats = method.client_update(model, fields, data, ctx)
+        with device.using(ctx.cfg.device, ctx.cfg.dtype):
+            update, stats = method.client_update(model, fields, data, ctx)
         if ctx.cfg.dp_clip > 0 and method.dp == "delta":      # ("scalars": clipped + noised per step by the method)
             update, dp_stats = privacy.privatize(update, fields, ctx.cfg, ctx.seed)
             stats = {**stats, **dp_stats}
-        return encode({**update, SAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
+        return encode({**update, EXAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
     except BaseException:
         ctx.state.clear()
         ctx.state.update(kept)
@@ -72,10 +74,10 @@ def aggregate(method: Method, state, uploads: list[tuple[int, bytes]], rnd: int,
     for cid, blob in uploads:
         try:
             f = decode(blob, up_schema(method), kind=f"{method.name}/up", max_bytes=max_bytes)
-            if f[SAMPLES] > method.cfg.max_examples:
-                raise Rejected(f"{SAMPLES}: {f[SAMPLES]} examples claimed, more than max_examples = {method.cfg.max_examples}")
+            if f[EXAMPLES] > method.cfg.max_examples:
+                raise Rejected(f"{EXAMPLES}: {f[EXAMPLES]} examples claimed, more than max_examples = {method.cfg.max_examples}")
             method.validate(state, f, rnd)          # a method's own checks (e.g. replay of seeds)
-            n = float(f.pop(SAMPLES))
+            n = float(f.pop(EXAMPLES))
             valid.append((f, n))
             accepted.append(cid)
         except (WireError, Rejected) as e:

@@ -17,7 +17,8 @@ from lightfed.methods.powersgd import PowerSGD
 from lightfed.methods.probe import Probe
 from lightfed.methods.topk import TopK
 from lightfed.methods.vera import VeRA
-from lightfed.methods.zoflite import ZOFLITE, ZOFLITESplit
+from lightfed.methods.zoflite import ZOFLITE
+from lightfed.methods.zoflite_split import ZOFLITESplit
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (FedAvg, FedProx, LoRA, VeRA, TopK, PowerSGD, FLITE, MeZO, FedSPZO, FedZO, DeComFL, FedNL, FedALA, FedSSI, LocalOnly, ZOFLITE, ZOFLITESplit, Probe)}
 

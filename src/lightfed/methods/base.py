@@ -39,6 +39,8 @@ class ClientContext:
     cfg: RunConfig
     loss: Callable[[nn.Module, Data], torch.Tensor]
     state: dict[str, torch.Tensor] = field(default_factory=dict)   # persists across rounds on this client
+    step_noise: Callable | None = None          # with DP on a "scalars" method: K -> a per-step clip + noise of the
+                                                # scalars (privacy.StepNoise), set by the engine's protocol
 
     def generator(self, stream: int = 0) -> torch.Generator:
         return seeds.generator(self.seed, stream)
@@ -79,7 +81,7 @@ class Method:
         return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
     def init_state(self, model: nn.Module) -> State:
-        return {n: p.detach().clone() for n, p in self.trainable(model).items()}
+        return {n: p.detach().cpu().clone() for n, p in self.trainable(model).items()}   # the server's state: CPU
 
     @torch.no_grad()
     def load(self, model: nn.Module, state: State) -> None:

@@ -8,13 +8,13 @@ from the round's starting weights. The paper's downlink is that history: (round 
 scalars) per round, which a client replays; a client that missed rounds replays every missed
 record (its download grows with the rounds it missed).
 
-Relation to MeZO (methods/mezo.py): MeZO here already derives the directions from a round seed
+Relation to MeZO (methods/mezo.py, on the shared server methods/zo_server.py): MeZO here already derives the directions from a round seed
 shared by all clients, so the client side, the uplink (K x P fp32 scalars + 8-byte digest +
-`_n` (sample count)), the options (P, eps, lr, trainable, max_steps, z) and the validation (the server
+`_n` (sample count)), the options (P, eps, trainable, max_steps, z) and the validation (the server
 replays each upload and checks its digest, refusing forged or corrupted scalars: kept because the
 client computes the digest for free; it costs the server one replay per client) are MeZO's, and
 this class is a thin subclass. The only change is the aggregator: MeZO averages the replayed
-client models; DeComFL replays the averaged scalars (`average_scalars`, `MeZO.replay_mean`). Because every client
+client models; DeComFL replays the averaged scalars (`average_scalars`, `SeedReplay.replay_mean`). Because every client
 walks the same directions z_{k,p} with plain ZO-SGD, a client's final model is
 theta - sum_{k,p} (lr / P) g_{k,p} z_{k,p}, linear in its scalars, so the two are equal up to
 float rounding (tests/test_zo_baselines.py checks it). They are NOT equal once the client
@@ -51,7 +51,7 @@ class DeComFL(mezo.MeZO):
     name = "decomfl"
     Options = Options
     TAG = 0x4465436F            # its own directions (never MeZO's), same derivation
-    average_scalars = True      # the aggregator: replay of the mean scalars (MeZO.aggregate)
+    average_scalars = True      # the aggregator: replay of the mean scalars (SeedReplay.aggregate)
 
     def client_update(self, model, down, data, ctx):
         up, stats = super().client_update(model, down, data, ctx)

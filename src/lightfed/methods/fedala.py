@@ -1,7 +1,7 @@
 """FedALA (Zhang et al., AAAI 2023): FedAvg on the server; each client, instead of overwriting its
 local model with the global one, starts local training from an adaptive local aggregation (ALA):
 
-    top p layers:    theta_init = theta_loc + W * (theta_glob - theta_loc),  W element-wise in [0, 1], init 1
+    top layers:      theta_init = theta_loc + W * (theta_glob - theta_loc),  W element-wise in [0, 1], init 1
     lower layers:    theta_init = theta_glob
     W <- clip_[0,1](W - eta * dL/dtheta_init * (theta_glob - theta_loc))    (theta_loc, theta_glob fixed)
 
@@ -16,7 +16,7 @@ trainable tensors whose name shares the prefix up to its first numeric component
 `model.layers.N.`, BERT's `layer.N.`, the ResNet's `stages.N.`); tensors after the last numbered
 layer (a task head) belong to the top layer; a model without numbered layers counts each trainable
 tensor as a layer, in order. ALA's FLOPs are added to `flops`; `steps`/`samples` are local training's.
-ctx.state keeps the local tensors after training ("local.<name>") and W ("ala_w.<name>").
+ctx.state keeps the local tensors after training ("own.<name>") and W ("ala_w.<name>").
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from lightfed.config import ConfigError
 from lightfed.data.tensors import batches, size, subset
 from lightfed.methods import lora
 
-LOCAL, WEIGHT = "local.", "ala_w."
+OWN, WEIGHT = "own.", "ala_w."
 
 
 def _spread(xs: list[float]) -> float:
@@ -44,7 +44,7 @@ def _spread(xs: list[float]) -> float:
 class Options(lora.Options):
     s: float = 80.0          # percent of the local data that W is learned on
     eta: float = 1.0         # step size of W
-    p: int = 1               # top layers that are aggregated adaptively
+    top: int = 1             # top layers that are aggregated adaptively (the paper's p)
     k: int = 10              # losses in the convergence window (first ALA)
     threshold: float = 0.1   # first ALA stops when the std of the last k losses is below this
     max_steps: int = 50      # ... or after this many steps
@@ -55,8 +55,8 @@ class Options(lora.Options):
             raise ConfigError(f"s = {self.s}: a percent of the local data, must be in (0, 100]")
         if self.eta <= 0:
             raise ConfigError(f"eta = {self.eta}: must be > 0")
-        if self.p < 1:
-            raise ConfigError(f"p = {self.p}: must be >= 1 layer")
+        if self.top < 1:
+            raise ConfigError(f"top = {self.top}: must be >= 1 layer")
         if self.k < 2:
             raise ConfigError(f"k = {self.k}: the convergence window needs >= 2 losses")
         if self.threshold < 0:
@@ -85,19 +85,19 @@ class FedALA(lora.LoRA):
 
     def prepare(self, model):
         model = super().prepare(model)
-        self.top = top_layers(list(self.shapes), self.opts.p)
+        self.adaptive = top_layers(list(self.shapes), self.opts.top)
         return model
 
     def personal(self, model, state, client_state):
-        self.load(model, {n: client_state.get(LOCAL + n, state[n]) for n in state})
+        self.load(model, {n: client_state.get(OWN + n, state[n]) for n in state})
 
     def adapt(self, model, down, data, ctx) -> tuple[dict, dict]:
         """theta_init from the broadcast and what the client keeps (learns and stores W); ALA's stats."""
         names = list(self.shapes)
-        if not all(LOCAL + n in ctx.state for n in names):       # first participation: the global model
+        if not all(OWN + n in ctx.state for n in names):       # first participation: the global model
             return dict(down), {"ala_steps": 0, "flops": 0.0}
-        o, local = self.opts, {n: ctx.state[LOCAL + n] for n in names}
-        top = [n for n in names if n in self.top]
+        o, local = self.opts, {n: ctx.state[OWN + n] for n in names}
+        top = [n for n in names if n in self.adaptive]
         first = not all(WEIGHT + n in ctx.state for n in top)
         w = {n: ctx.state[WEIGHT + n].clone() if not first else torch.ones_like(local[n]) for n in top}
         diff = {n: down[n] - local[n] for n in top}
@@ -144,7 +144,7 @@ class FedALA(lora.LoRA):
     def client_update(self, model, down, data, ctx):
         start, ala = self.adapt(model, down, data, ctx)
         upload, stats = super().client_update(model, start, data, ctx)
-        ctx.state.update({LOCAL + n: t.detach().clone() for n, t in upload.items()})
+        ctx.state.update({OWN + n: t.detach().clone() for n, t in upload.items()})
         stats["flops"] += ala.pop("flops")
         stats.update(ala)
         stats["memory_accounted"]["method_state"] = sum(t.numel() * t.element_size() for t in ctx.state.values())

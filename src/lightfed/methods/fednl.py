@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from lightfed.config import ConfigError
 from lightfed.methods import fedavg
-from lightfed.models import delta_memory
+from lightfed.models import delta_memory, streaming
 
 
 @dataclass
@@ -30,12 +30,18 @@ class Options(fedavg.Options):
     layers: str = "auto"     # decoder layer indices "3,7,11", or auto: `n_layers` spread evenly, the last included
     n_layers: int = 5
     r: int = 8               # rank of the LoRA deltas on the memory's q/k/v
+    r_k: int = 0             # rank of the key's delta (0: r)
     chunk: int = 64          # tokens per delta-rule chunk (the chunked form; any value gives the same result)
+    gate: float = 0.0        # the per-head gate alpha at start (0: round 0 is the pretrained model)
+    gate_lr: float = 0.0     # the gate's own lr (0: the run's lr)
+    beta_bias: float = 0.0   # the write step's bias at start: beta = sigmoid(beta_bias) for every token
 
     def check(self):
         super().check()
-        if self.r < 1 or self.chunk < 1 or self.n_layers < 1:
-            raise ConfigError("fednl: r, chunk and n_layers must be >= 1")
+        if self.r < 1 or self.chunk < 1 or self.n_layers < 1 or self.r_k < 0:
+            raise ConfigError("fednl: r, chunk and n_layers must be >= 1, r_k >= 0")
+        if self.gate_lr < 0:
+            raise ConfigError(f"fednl: gate_lr = {self.gate_lr}: must be >= 0 (0: the run's lr)")
         if self.layers != "auto" and not all(x.strip().isdigit() for x in self.layers.split(",")):
             raise ConfigError(f"fednl: layers = {self.layers!r}: use 'auto' or comma-separated layer indices")
 
@@ -72,5 +78,15 @@ class FedNL(fedavg.FedAvg):
             p.requires_grad = False
         o = self.opts
         self.layers = choose_layers(o.layers, o.n_layers, total)
-        delta_memory.attach(model, self.layers, r=o.r, chunk=o.chunk)
+        delta_memory.attach(model, self.layers, r=o.r, chunk=o.chunk, beta_bias=o.beta_bias, gate=o.gate, r_k=o.r_k)
+        model.prefix_cache = streaming.PrefixCache()     # the frozen layers below the first memory layer, per chunk
         return super().prepare(model)
+
+    def lrs(self):
+        return {"rules": self.cfg.lr, "gate": self.opts.gate_lr or self.cfg.lr}
+
+    def param_groups(self, model):
+        ps = self.trainable(model)
+        gate = [p for n, p in ps.items() if n.endswith(".alpha")]
+        return [{"params": [p for n, p in ps.items() if not n.endswith(".alpha")], "lr": self.lrs()["rules"]},
+                {"params": gate, "lr": self.lrs()["gate"]}]

@@ -14,7 +14,7 @@ Choices: each round is a task (Omega accumulates across rounds in ctx.state, "om
 negative omega_i (a move that raised the loss) counts as no importance, so Omega >= 0 and the
 penalty only ever pulls toward theta*. The pull: lam = lam0 * d / (1 + d), with
 d = ||theta_prev - theta*|| / ||theta*|| the relative distance of the client's previous local model
-(kept in ctx.state, "local.<name>") from this round's global model, a proxy of how heterogeneous
+(kept in ctx.state, "own.<name>") from this round's global model, a proxy of how heterogeneous
 the client is (the further it drifts, the harder its surrogate is pulled to the global knowledge);
 lam = lam0 on a client's first participation. The surrogate's FLOPs are added to `flops`;
 `steps`/`samples` are local training's. The trainable tensors are LoRA's (this subclasses lora.LoRA).
@@ -32,7 +32,7 @@ from lightfed.data.tensors import batches, size
 from lightfed.methods import lora
 from lightfed.optim.first_order import local_train
 
-LOCAL, OMEGA = "local.", "omega."
+OWN, OMEGA = "own.", "omega."
 
 
 @dataclass
@@ -56,9 +56,9 @@ class FedSSI(lora.LoRA):
 
     def pull(self, down, ctx) -> float:
         names = list(self.shapes)
-        if not all(LOCAL + n in ctx.state for n in names):
+        if not all(OWN + n in ctx.state for n in names):
             return self.opts.lam
-        d2 = sum(((ctx.state[LOCAL + n] - down[n]) ** 2).sum().item() for n in names)
+        d2 = sum(((ctx.state[OWN + n] - down[n]) ** 2).sum().item() for n in names)
         g2 = sum((down[n] ** 2).sum().item() for n in names)
         d = math.sqrt(d2) / max(math.sqrt(g2), 1e-12)
         return self.opts.lam * d / (1 + d)
@@ -120,7 +120,7 @@ class FedSSI(lora.LoRA):
                             batch_size=cst.batch_size, lr=cst.lr, optimizer=cst.optimizer, weight_decay=cst.weight_decay,
                             generator=ctx.generator(), regularizer=reg)
         upload = {n: p.detach() for n, p in params.items()}
-        ctx.state.update({LOCAL + n: t.clone() for n, t in upload.items()})
+        ctx.state.update({OWN + n: t.clone() for n, t in upload.items()})
         stats["flops"] += sur.pop("flops")
         stats.update(sur, lam=lam)
         stats["memory_accounted"]["method_state"] = sum(t.numel() * t.element_size() for t in ctx.state.values())

@@ -37,6 +37,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lightfed.config import ConfigError
 from lightfed.data.tensors import size
 from lightfed.methods.base import Method, combine
+from lightfed import measure
+from lightfed.methods.zo_server import select_trainable
 from lightfed.optim import zeroth_order as zo
 
 
@@ -54,17 +56,6 @@ class Options:
             raise ConfigError(f"mu = {self.mu}: must be > 0")
         if self.z not in ("portable", "fast"):
             raise ConfigError(f"z = {self.z!r}: use portable or fast")
-
-
-def select_trainable(model, spec: str, who: str) -> list[str]:
-    """requires_grad on the parameters matching `spec` ("all" or comma-separated name substrings)."""
-    keys = None if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-    for n, p in model.named_parameters():
-        p.requires_grad = keys is None or any(s in n for s in keys)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    if not names:
-        raise ConfigError(f"{who}: trainable = {spec!r} matches no parameter")
-    return names
 
 
 @torch.no_grad()
@@ -110,9 +101,9 @@ class FedZO(Method):
 
     # 2. local optimizer
     def measure(self, model, batch, loss) -> dict:
-        exclude = zo.storage_ptrs(list(model.parameters()), list(model.buffers()), batch)
+        exclude = measure.storage_ptrs(list(model.parameters()), list(model.buffers()), batch)
         with FlopCounterMode(display=False) as fc:
-            _, act = zo.peak_live_bytes(lambda: loss(model, batch), exclude)
+            _, act = measure.peak_live_bytes(lambda: loss(model, batch), exclude)
         return {"fwd": fc.get_total_flops() / size(batch), "activations": act}
 
     def client_update(self, model, down, data, ctx):
@@ -142,8 +133,8 @@ class FedZO(Method):
             model.train(was)
         stats = {"steps": K, "samples": samples, "train_loss": loss_sum / K, "loss": loss_sum / K,
                  "flops": meas["fwd"] * (o.b2 + 1) * samples, "forwards_per_step": {"fwd": o.b2 + 1},
-                 "memory_accounted": {"params": zo.tensor_bytes(list(model.parameters()), list(model.buffers())),
-                                      "activations": meas["activations"], "z": zo.z_bytes(params)}}
+                 "memory_accounted": {"params": measure.tensor_bytes(list(model.parameters()), list(model.buffers())),
+                                      "activations": meas["activations"], "z": measure.z_bytes(params)}}
         return {n: p.detach() for n, p in params.items()}, stats
 
     # 4. aggregator

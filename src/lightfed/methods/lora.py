@@ -14,7 +14,8 @@ from lightfed.config import ConfigError
 from lightfed.methods import fedavg, fedprox
 
 # target layers by backbone family: attention projections, or every conv of the ResNet
-AUTO_TARGETS = {"BertModel": ["query", "value"], "LlamaForCausalLM": ["q_proj", "v_proj"], "GNResNet": ["conv1", "conv2"]}
+AUTO_TARGETS = {"BertModel": ["query", "value"], "LlamaForCausalLM": ["q_proj", "v_proj"], "GNResNet": ["conv1", "conv2"],
+                "GNResNet18": ["conv1", "conv2"]}
 
 
 @dataclass

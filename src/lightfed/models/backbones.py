@@ -2,7 +2,7 @@
 
 - MiniLM-L6 encoder (all-MiniLM-L6-v2, 22.7M params) + mean pooling + a linear head: `sentiment`.
 - SmolLM2-135M-Instruct causal LM (Llama architecture): `trivia` and `austen`.
-- A small GroupNorm ResNet for Fashion-MNIST, pretrained by lightfed itself (tasks.py).
+- GroupNorm ResNets for Fashion-MNIST, pretrained by lightfed itself (models/vision.py, tasks/fmnist.py).
 A tiny twin keeps the architecture (and the real tokenizer) with a few thousand times fewer
 weights, initialised from a seed: it is what the unit tests run.
 """
@@ -12,7 +12,6 @@ import contextlib
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from lightfed import assets
 
@@ -121,45 +120,3 @@ def smollm2_tokenizer(path: str = ""):
         tok.pad_token = tok.eos_token
     return tok
 
-
-def label_scores(lm: nn.Module, ids, attn, cand, h=None) -> torch.Tensor:
-    """Logits of each row's candidate label tokens at its prompt's last token.
-    ids, attn: (B, T) right-padded; cand: (B, C) token ids -> (B, C). Only one position per row goes
-    through the LM head (V = 49,152). h: the final hidden states if already computed (FedSPZO's f2)."""
-    h = lm.model(input_ids=ids, attention_mask=attn).last_hidden_state if h is None else h   # (B, T, d)
-    last = attn.sum(1) - 1                                                                       # (B,)
-    return lm.lm_head(h[torch.arange(len(ids)), last]).float().gather(1, cand)                  # (B, C)
-
-
-# --- GroupNorm ResNet (BatchNorm statistics would not travel with FL weights) -----------------
-class Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, groups: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.norm1 = nn.GroupNorm(groups, cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.norm2 = nn.GroupNorm(groups, cout)
-        self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
-                     if stride != 1 or cin != cout else nn.Identity())
-
-    def forward(self, x):
-        y = F.relu(self.norm1(self.conv1(x)))
-        return F.relu(self.norm2(self.conv2(y)) + self.skip(x))
-
-
-class GNResNet(nn.Module):
-    """28x28x1 -> stem -> 3 stages (stride 1, 2, 2) -> global average pool -> head.  logits: (B, C)"""
-
-    def __init__(self, widths=(32, 64, 128), num_classes: int = 10, groups: int = 8):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, widths[0], 3, 1, 1, bias=False), nn.GroupNorm(groups, widths[0]), nn.ReLU())
-        stages, cin = [], widths[0]
-        for i, w in enumerate(widths):
-            stages.append(Block(cin, w, 1 if i == 0 else 2, groups))
-            cin = w
-        self.stages = nn.Sequential(*stages)
-        self.head = nn.Linear(cin, num_classes)
-
-    def forward(self, x):                      # x: (B, 1, 28, 28)
-        h = self.stages(self.stem(x))          # (B, C, 7, 7)
-        return self.head(h.mean((2, 3)))       # (B, num_classes)

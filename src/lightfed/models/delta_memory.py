@@ -36,41 +36,53 @@ import torch.nn.functional as F
 
 
 # --- the delta rule ----------------------------------------------------------------------------
+# One memory per KV head, read by its g = Hq / Hkv query heads (grouped, as GQA shares keys and values):
+#   q: (B, Hq, T, dk)   k: (B, Hkv, T, dk)   v: (B, Hkv, T, dv)   beta: (B, Hkv, T)   S: (B, Hkv, dk, dv)
+#   o: (B, Hq, T, dv), query head h reading memory h // g.   Hq = Hkv is the plain (ungrouped) rule.
+def _grouped(q, Hkv):
+    B, Hq, T, dk = q.shape
+    return q.view(B, Hkv, Hq // Hkv, T, dk)                                          # (B, Hkv, g, T, dk)
+
+
 def recurrent(q, k, v, beta, S=None):
-    """q, k: (B, H, T, dk)  v: (B, H, T, dv)  beta: (B, H, T)  S: (B, H, dk, dv) or None
-    -> o: (B, H, T, dv), S_T."""
+    """The rule token by token (the reference; also decoding).  -> o: (B, Hq, T, dv), S_T: (B, Hkv, dk, dv)."""
     B, H, T, dk = k.shape
     S = k.new_zeros(B, H, dk, v.shape[-1]) if S is None else S
+    qg = _grouped(q, H)
     out = []
     for t in range(T):
         kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None]                  # (B, H, dk) (B, H, dv) (B, H, 1)
         err = vt - torch.einsum("bhkv,bhk->bhv", S, kt)                            # v_t - S^T k_t
         S = S + torch.einsum("bhk,bhv->bhkv", kt, bt * err)                        # rank-1 write
-        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))                    # read S_t^T q_t
-    return torch.stack(out, 2), S
+        out.append(torch.einsum("bhkv,bhgk->bhgv", S, qg[:, :, :, t]))              # read S_t^T q_t per query head
+    o = torch.stack(out, 3)                                                        # (B, H, g, T, dv)
+    return o.reshape(B, q.shape[1], T, -1), S
 
 
 def chunked(q, k, v, beta, S=None, chunk: int = 64):
     """The same map as `recurrent`, C = `chunk` tokens at a time (T need not divide by C)."""
     B, H, T, dk = k.shape
     S = k.new_zeros(B, H, dk, v.shape[-1]) if S is None else S
+    qg = _grouped(q, H)
     out = []
     for s in range(0, T, chunk):
-        Q, K, V, b = q[:, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk], beta[:, :, s:s + chunk, None]
+        Q, K, V, b = qg[:, :, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk], beta[:, :, s:s + chunk, None]
         C = K.shape[2]
         eye = torch.eye(C, dtype=K.dtype, device=K.device)
         A = eye + torch.tril(b * (K @ K.transpose(-1, -2)), -1)                    # (B, H, C, C)
         W = torch.linalg.solve_triangular(A, b * K, upper=False, unitriangular=True)   # (B, H, C, dk)
         U = torch.linalg.solve_triangular(A, b * V, upper=False, unitriangular=True)   # (B, H, C, dv)
         U = U - W @ S                                                               # writes given S_0
-        out.append(Q @ S + torch.tril(Q @ K.transpose(-1, -2)) @ U)                # (B, H, C, dv)
+        Kt, Ug, Sg = K.transpose(-1, -2).unsqueeze(2), U.unsqueeze(2), S.unsqueeze(2)   # broadcast over g
+        out.append(Q @ Sg + torch.tril(Q @ Kt) @ Ug)                               # (B, H, g, C, dv)
         S = S + K.transpose(-1, -2) @ U
-    return torch.cat(out, 2), S
+    o = torch.cat(out, 3)                                                          # (B, H, g, T, dv)
+    return o.reshape(B, q.shape[1], T, -1), S
 
 
 # --- per-stream state, outside the model -------------------------------------------------------
 class Stream:
-    """The private memory of one input stream: {layer index: S (B, H, dk, dv)}. Never a parameter
+    """The private memory of one input stream: {layer index: S (B, Hkv, dk, dv)}. Never a parameter
     or buffer; dropped when the stream ends. `grad=True` (training): the states keep their graph, so
     the loss of a later chunk backpropagates through the whole memory trajectory."""
 
@@ -116,7 +128,8 @@ class LowRank(nn.Module):
 class MemoryBranch(nn.Module):
     """Reads the attention's input h (B, T, d), returns the gated memory read-out (B, T, d)."""
 
-    def __init__(self, attn: nn.Module, layer: int, r: int = 8, chunk: int = 64, beta_bias: float = 0.0):
+    def __init__(self, attn: nn.Module, layer: int, r: int = 8, chunk: int = 64, beta_bias: float = 0.0,
+                 gate: float = 0.0, r_k: int = 0):
         super().__init__()
         self.layer, self.chunk = layer, chunk
         self.attn = [attn]                                 # the frozen projections, not a submodule (no new names)
@@ -124,32 +137,31 @@ class MemoryBranch(nn.Module):
         self.dh = attn.head_dim
         self.H, self.Hkv = attn.q_proj.out_features // self.dh, attn.k_proj.out_features // self.dh
         self.q = LowRank(d, self.H * self.dh, r)
-        self.k = LowRank(d, self.Hkv * self.dh, r)
+        self.k = LowRank(d, self.Hkv * self.dh, r_k or r)
         self.v = LowRank(d, self.Hkv * self.dh, r)
         self.beta = nn.Linear(d, self.Hkv)
         nn.init.zeros_(self.beta.weight)
-        nn.init.constant_(self.beta.bias, beta_bias)       # sigmoid(0) = 0.5 at start
-        self.alpha = nn.Parameter(torch.zeros(self.H))     # per-head gate: 0 = the pretrained model
+        nn.init.constant_(self.beta.bias, beta_bias)       # sigmoid(beta_bias): the write step of every token at start
+        self.alpha = nn.Parameter(torch.full((self.H,), float(gate)))   # per-head gate; 0: the pretrained model
         self.stream: Stream | None = None
 
     def qkv(self, h):
-        """h: (B, T, d) -> q (B, H, T, dh), k, v (B, H, T, dh) (KV heads repeated as in GQA), beta (B, H, T)."""
+        """h: (B, T, d) -> q (B, H, T, dh), k, v (B, Hkv, T, dh), beta (B, Hkv, T): one memory per KV head."""
         a, (B, T, _) = self.attn[0], h.shape
         heads = lambda x, n: x.view(B, T, n, self.dh).transpose(1, 2)                 # noqa: E731
         q = heads(a.q_proj(h) + self.q(h), self.H)
         k = heads(a.k_proj(h) + self.k(h), self.Hkv)
         v = heads(a.v_proj(h) + self.v(h), self.Hkv)
         beta = torch.sigmoid(self.beta(h)).transpose(1, 2)                              # (B, Hkv, T)
-        g = self.H // self.Hkv
-        k, v, beta = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), beta.repeat_interleave(g, 1)
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta
 
     def forward(self, h):
-        q, k, v, beta = self.qkv(h)
+        q, k, v, beta = (x.float() for x in self.qkv(h))   # the rule in float32, whatever the forward's precision
         S0 = self.stream.S.get(self.layer) if self.stream is not None else None
         if S0 is not None and S0.shape[0] != h.shape[0]:
             S0 = S0.expand(h.shape[0], *S0.shape[1:])       # one warmed memory read by a batch
-        o, S = chunked(q, k, v, beta, S0, self.chunk) if h.shape[1] > 1 else recurrent(q, k, v, beta, S0)
+        with torch.autocast(h.device.type, enabled=False):
+            o, S = chunked(q, k, v, beta, S0, self.chunk) if h.shape[1] > 1 else recurrent(q, k, v, beta, S0)
         if self.stream is not None:
             self.stream.S[self.layer] = S if self.stream.grad else S.detach()
         B, _, T, _ = o.shape
@@ -162,14 +174,14 @@ class MemoryBranch(nn.Module):
         return (output[0] + self(h), *output[1:])
 
 
-def attach(model: nn.Module, layers: list[int], r: int, chunk: int) -> list[MemoryBranch]:
-    """Add a memory branch to each chosen decoder layer of a Llama-style causal LM (in place).
-    The branch is the layer's submodule `memory`; the backbone's parameter names do not change."""
+def attach(model: nn.Module, layers: list[int], r: int, chunk: int, **kw) -> list[MemoryBranch]:
+    """Add a memory branch to each chosen decoder layer of a Llama-style causal LM (in place); kw: MemoryBranch's
+    beta_bias, gate, r_k. The branch is the layer's submodule `memory`; the backbone's parameter names do not change."""
     decoder = model.model.layers
     out = []
     for i in layers:
         layer = decoder[i]
-        m = MemoryBranch(layer.self_attn, i, r=r, chunk=chunk)
+        m = MemoryBranch(layer.self_attn, i, r=r, chunk=chunk, **kw)
         layer.memory = m
         layer.self_attn.register_forward_hook(m.hook, with_kwargs=True)
         out.append(m)

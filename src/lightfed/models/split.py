@@ -9,9 +9,9 @@
 |-----------|------------------|-----------------------------|---------------------------------------------|
 | sentiment | TextClassifier   | BERT embeddings + L-n layers| n layers + masked mean pool + head + CE     |
 | austen    | LlamaForCausalLM | embeddings + L-n layers     | n layers + final norm + lm_head + next-token CE (HF's own loss_function) |
-| trivia    | LlamaForCausalLM | the same, on (B*4, T) rows  | n layers + norm + option scores (tasks.option_scores) + CE |
+| trivia    | LlamaForCausalLM | the same, on (B*4, T) rows  | n layers + norm + option scores (lm.option_scores) + CE |
 | psentiment| LlamaForCausalLM | the same, with the padding mask | n layers + norm + the tied lm_head's label-word rows at the last token + CE |
-| fmnist    | GNResNet         | stem + 3-n stages           | n stages + global pool + head + CE          |
+| fmnist    | GNResNet(18)     | stem + all but n blocks     | n blocks + global pool + head + CE          |
 
 How f1 stops: it runs the model's own forward with a forward pre-hook on layer L-n that records
 the arguments that layer receives (hidden states, attention mask, rotary position embeddings,
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from lightfed.config import ConfigError
 from lightfed.data.tensors import Data
-from lightfed.models.backbones import label_scores
+from lightfed.models.lm import label_scores, option_scores
 
 
 @dataclass
@@ -114,18 +114,6 @@ def _check_n(n: int, L: int, what: str):
         raise ConfigError(f"split = {n}: f2 takes 1..{L} trailing {what} of this model")
 
 
-def _option_scores_tail(lm, h, ids, tmask, B, K):
-    """tasks.option_scores after `lm.model(...)`: h (B*K, T, d) -> mean option log-likelihood (B, K)."""
-    ids, tmask = ids.view(B * K, -1), tmask.view(B * K, -1)
-    sel = tmask[:, 1:]
-    logp = lm.lm_head(h[:, :-1][sel]).float().log_softmax(-1)
-    lp = logp.gather(1, ids[:, 1:][sel].unsqueeze(1)).squeeze(1)
-    rows = sel.nonzero()[:, 0]
-    total = torch.zeros(B * K, dtype=lp.dtype).index_add(0, rows, lp)
-    count = torch.zeros(B * K, dtype=lp.dtype).index_add(0, rows, torch.ones_like(lp))
-    return (total / count.clamp_min(1)).view(B, K)
-
-
 def split(model: nn.Module, task: str, n: int = 1) -> Split:
     """Cut `model` (the model of `task`, see the table above) before its last `n` layers."""
     kind = type(model).__name__
@@ -169,7 +157,7 @@ def split(model: nn.Module, task: str, n: int = 1) -> Split:
             def f2_loss(bd, b):
                 B, K, _ = b["input_ids"].shape
                 h = model.model.norm(_run(layers[L - n:], bd))
-                return F.cross_entropy(_option_scores_tail(model, h, b["input_ids"], b["target_mask"], B, K),
+                return F.cross_entropy(option_scores(model, b["input_ids"], b["attention_mask"], b["target_mask"], h=h),
                                        b["labels"])
         elif task == "psentiment":
             def f1(b):                                      # each example carries its label-word token ids
@@ -183,7 +171,7 @@ def split(model: nn.Module, task: str, n: int = 1) -> Split:
         else:
             raise ConfigError(f"split: no causal-LM loss for task {task!r} (austen, trivia, psentiment)")
         tail = [model.model.norm, model.lm_head]
-    elif kind == "GNResNet":
+    elif kind in ("GNResNet", "GNResNet18"):          # stages: blocks (n trailing blocks in f2)
         layers = model.stages
         L = len(layers)
         _check_n(n, L, "stages")

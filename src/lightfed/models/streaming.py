@@ -8,11 +8,17 @@ without memory branches (the frozen backbone, FedAvg+LoRA, ...) sees one chunk a
 
 For comparison, `kv_nll` runs the plain backbone with a full KV cache (all earlier tokens attended
 to), up to its context limit: the growing baseline.
+
+A model with memory runs each chunk in three parts (`_chunk`): the frozen layers below the first memory layer
+(no memory, no trainable weight: their output depends on the chunk's tokens alone, so a `PrefixCache` keeps it
+across steps and rounds), the layers up to the last memory layer (the memory reads and writes there), and the
+layers above it, run only for a chunk whose positions predict a target (`targets`): an earlier chunk of a
+stream matters to the loss only through the memory it wrote. The result is the plain forward's, to float
+rounding (tests/test_fednl.py).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lightfed.models import delta_memory
 
@@ -21,22 +27,80 @@ def _cut(T: int, window: int) -> list[tuple[int, int]]:
     return [(s, min(s + window, T)) for s in range(0, T, window)]
 
 
-def hidden(model, ids: torch.Tensor, window: int, st: delta_memory.Stream | None = None) -> torch.Tensor:
+class PrefixCache:
+    """The frozen layers' output below the first memory layer, per chunk of tokens (keyed by the tokens' bytes), up
+    to `max_bytes` (the oldest entries go first). Valid for a whole run: nothing below that layer ever trains."""
+
+    def __init__(self, max_bytes: int = 2**30):
+        self.max_bytes, self.nbytes, self.hits, self.misses = max_bytes, 0, 0, 0
+        self.store: dict[bytes, torch.Tensor] = {}
+
+    def get(self, model, ids: torch.Tensor, lo: int) -> torch.Tensor:
+        """ids (B, C) -> hidden states at the input of decoder layer `lo` (B, C, d)."""
+        keys = [r.numpy().tobytes() for r in ids.cpu()]
+        todo = [i for i, k in enumerate(keys) if k not in self.store]
+        self.hits, self.misses = self.hits + len(keys) - len(todo), self.misses + len(todo)
+        if todo:
+            with torch.no_grad():
+                h = _layers(model, model.model.embed_tokens(ids[todo]), 0, lo)
+            for i, row in zip(todo, h):
+                self.store[keys[i]] = row.clone()
+                self.nbytes += row.numel() * row.element_size()
+            while self.nbytes > self.max_bytes and len(self.store) > len(keys):
+                old = self.store.pop(next(iter(self.store)))
+                self.nbytes -= old.numel() * old.element_size()
+        return torch.stack([self.store[k] for k in keys])
+
+
+def _layers(model, h: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Decoder layers lo..hi-1 on one chunk's hidden states (B, C, d), positions 0..C-1, causal attention."""
+    from transformers.masking_utils import create_causal_mask
+    if lo >= hi:
+        return h
+    pos = torch.arange(h.shape[1], device=h.device)[None]
+    mask = create_causal_mask(config=model.config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos)
+    rope = model.model.rotary_emb(h, position_ids=pos)
+    for layer in model.model.layers[lo:hi]:
+        h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
+    return h
+
+
+def _chunk(model, ids: torch.Tensor, full: bool, span: tuple[int, int] | None) -> torch.Tensor | None:
+    """One chunk (B, C): the final hidden states (B, C, d), or None when `full` is False (only the memory writes
+    matter). span: (first, last) memory layer, or None for a model without memory (the plain forward)."""
+    if span is None:
+        return model.model(input_ids=ids, use_cache=False).last_hidden_state
+    lo, hi = span
+    cache = getattr(model, "prefix_cache", None)
+    h = cache.get(model, ids, lo) if (cache is not None and torch.is_grad_enabled()) else \
+        _layers(model, model.model.embed_tokens(ids), 0, lo)
+    h = _layers(model, h, lo, hi + 1)
+    return model.model.norm(_layers(model, h, hi + 1, len(model.model.layers))) if full else None
+
+
+def memory_span(model) -> tuple[int, int] | None:
+    layers = [m.layer for m in delta_memory.branches(model)]
+    return (min(layers), max(layers)) if layers else None
+
+
+def hidden(model, ids: torch.Tensor, window: int, st: delta_memory.Stream | None = None, targets=None,
+           reset: bool = False) -> torch.Tensor:
     """Last hidden states of a (B, T) batch run in chunks.   -> (B, T, d)
-    With gradients when the model trains (the memory trajectory is differentiated end to end)."""
+    With gradients when the model trains (the memory trajectory is differentiated end to end).
+    targets (B, T) bool: only positions that predict a marked token need their hidden state (position t predicts
+    t + 1); with memory, a chunk that predicts none stops at the last memory layer and its rows are zeros.
+    reset: empty the memory at every chunk (the same model without the long context: a control)."""
     st = st if st is not None else delta_memory.Stream(grad=torch.is_grad_enabled())
+    span = memory_span(model)
+    out = []
     with delta_memory.stream(model, st):
-        return torch.cat([model.model(input_ids=ids[:, s:e], use_cache=False).last_hidden_state
-                          for s, e in _cut(ids.shape[1], window)], 1)
-
-
-def target_nll(model, ids: torch.Tensor, tmask: torch.Tensor, window: int) -> torch.Tensor:
-    """Mean NLL of the tokens marked in tmask (B, T), predicted through the chunked stream."""
-    h = hidden(model, ids, window)                                        # (B, T, d)
-    sel = tmask[:, 1:]                                                    # token t is predicted at t - 1
-    logits = model.lm_head(h[:, :-1][sel])                                # (P, V)
-    logits = logits if logits.dtype == torch.float64 else logits.float()
-    return F.cross_entropy(logits, ids[:, 1:][sel])
+        for s, e in _cut(ids.shape[1], window):
+            if reset:
+                st.S.clear()
+            full = span is None or targets is None or bool(targets[:, s + 1:e + 1].any())
+            h = _chunk(model, ids[:, s:e], full, span)
+            out.append(h if h is not None else torch.zeros(ids.shape[0], e - s, model.config.hidden_size, device=ids.device))
+    return torch.cat(out, 1)
 
 
 @torch.no_grad()
@@ -84,9 +148,11 @@ def generate(model, ids: torch.Tensor, window: int, max_new: int, eos: int | Non
 
     cuts = _cut(ids.shape[1], window)
     new = []
+    span = memory_span(model)
     with delta_memory.stream(model):
-        for s, e in cuts[:-1]:
-            model.model(input_ids=ids[:, s:e], use_cache=False)
+        for s, e in cuts[:-1]:                       # only their memory writes matter
+            if span is not None:
+                _chunk(model, ids[:, s:e], False, span)
         s, e = cuts[-1]
         cache = DynamicCache()
         logits = model(input_ids=ids[:, s:e], cache=cache, use_cache=True).logits[0, -1]

@@ -95,32 +95,38 @@ def accuracy(net: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 256)
     return hits / len(x)
 
 
-def pretrain(net: nn.Module, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor, *, epochs: int,
-             seed: int, lr: float = 2e-3, batch: int = 128, shift_px: int = 0, bf16: bool = False, progress=None) -> dict:
-    """Train `net` in place on (x, y); -> what it reached (held-out accuracy on (x_val, y_val)), how long it took.
-    bf16: autocast the forward to bfloat16 (CPUs with AMX/AVX512-BF16 run it ~1.5-3x faster); weights stay fp32."""
+def pretrain(net: nn.Module, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor | None = None,
+             y_val: torch.Tensor | None = None, *, epochs: int, seed: int, lr: float = 2e-3, weight_decay: float = 1e-4,
+             schedule: str = "constant", batch: int = 128, shift_px: int = 0, bf16: bool = False, progress=None) -> dict:
+    """Train `net` in place on (x, y) with AdamW; -> what it reached (accuracy on (x_val, y_val) if given) and how long
+    it took. schedule: constant | onecycle (warm-up then cosine decay). bf16: autocast the forward to bfloat16 (CPUs
+    with AMX / AVX512-BF16 run it ~2x faster); the weights stay fp32."""
+    from lightfed.data.tensors import batches
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=5e-4)
-    steps = epochs * math.ceil(len(x) / batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.15)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
+    per_epoch = math.ceil(len(x) / batch)
+    steps = epochs * per_epoch
+    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.15)
+             if schedule == "onecycle" else None)
     t0, done, losses = time.perf_counter(), 0, []
     net.train()
-    for ep in range(epochs):
-        order = torch.randperm(len(x), generator=g)
-        for i in range(0, len(x), batch):
-            idx = order[i:i + batch]
-            xb = shift(x[idx], shift_px, g) if shift_px else x[idx]
+    for _ in range(epochs):
+        for b in batches({"x": x, "y": y}, batch, g):
+            xb = shift(b["x"], shift_px, g) if shift_px else b["x"]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = F.cross_entropy(net(xb), y[idx])
+                loss = F.cross_entropy(net(xb), b["y"])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            sched.step()
+            if sched is not None:
+                sched.step()
             losses.append(float(loss))
             done += 1
             if progress is not None:
                 progress(done, steps, float(loss))
-    return {"epochs": epochs, "steps": steps, "images": len(x), "batch": batch, "lr": lr, "bf16": bf16, "shift_px": shift_px,
-            "train_loss_last_epoch": sum(losses[-math.ceil(len(x) / batch):]) / math.ceil(len(x) / batch),
-            "heldout_images": len(x_val), "heldout_accuracy": accuracy(net, x_val, y_val),
+    return {"epochs": epochs, "steps": steps, "images": len(x), "batch": batch, "lr": lr, "weight_decay": weight_decay,
+            "schedule": schedule, "bf16": bf16, "shift_px": shift_px,
+            "train_loss_last_epoch": sum(losses[-per_epoch:]) / per_epoch,
+            "heldout_images": len(x_val) if x_val is not None else 0,
+            "heldout_accuracy": accuracy(net, x_val, y_val) if x_val is not None else None,
             "seconds": time.perf_counter() - t0, "params": sum(p.numel() for p in net.parameters())}

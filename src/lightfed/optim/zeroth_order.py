@@ -34,30 +34,19 @@ parameter, as two IEEE-rounded ops (t = z * coef; theta - t, coef as float32) so
 multiply-add can make one machine differ from another. Clients and the server's replay call
 this same function in the same order, so the replay is bit-exact.
 
-FLOPs: `count_flops(fn)` = torch's FlopCounterMode over one call (matmul / bmm / addmm /
-convolution / attention kernels; element-wise ops, norms, softmax, the random draws and the
-perturbation arithmetic are not counted). Methods multiply it by the number of forwards.
-Memory: `peak_live_bytes(fn, exclude)` = the peak total size of the tensor storages created by
-aten ops during fn that are alive at the same time (kernel-internal scratch not included).
+FLOPs and memory of a forward are measured with lightfed.measure (count_flops, peak_live_bytes, z_bytes).
 """
 from __future__ import annotations
 
 import hashlib
 import math
-import struct
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode
-
-from lightfed import measure  # noqa: F401  (FLOP formulas for CPU fused attention)
 from lightfed.data.tensors import Data, batches, size
-from lightfed.seeds import CHUNK, derive, normal  # noqa: F401  (derive is re-exported)
+from lightfed.seeds import derive, normal  # noqa: F401  (derive is re-exported)
 
 Params = dict[str, torch.Tensor]
 
@@ -250,65 +239,3 @@ def step_batches(data: Data, batch_size: int, steps: int, generator: torch.Gener
             done += 1
             if done == steps:
                 return
-
-
-def count_flops(fn: Callable):
-    """(fn(), FLOPs of that call as torch's FlopCounterMode counts them)."""
-    with FlopCounterMode(display=False) as fc:
-        out = fn()
-    return out, fc.get_total_flops()
-
-
-class _LiveBytes(TorchDispatchMode):
-    def __init__(self, exclude: set[int]):
-        super().__init__()
-        self.exclude, self.live, self.now, self.peak = exclude, {}, 0, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for ptr in [k for k, (w, _) in self.live.items() if w.expired()]:
-            self.now -= self.live.pop(ptr)[1]
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                ptr = s.data_ptr()
-                if ptr and ptr not in self.exclude and ptr not in self.live:
-                    self.live[ptr] = (StorageWeakRef(s), s.nbytes())
-                    self.now += s.nbytes()
-        self.peak = max(self.peak, self.now)
-        return out
-
-
-def storage_ptrs(*trees) -> set[int]:
-    """Data pointers of every tensor storage in the given pytrees (params, batches, boundaries)."""
-    return {t.untyped_storage().data_ptr() for tr in trees for t in tree_leaves(tr) if isinstance(t, torch.Tensor)}
-
-
-def tensor_bytes(*trees) -> int:
-    """Bytes of the distinct storages in the given pytrees."""
-    seen = {}
-    for tr in trees:
-        for t in tree_leaves(tr):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
-
-
-@torch.no_grad()
-def peak_live_bytes(fn: Callable, exclude: set[int]):
-    """(fn(), peak bytes of tensors created during fn and alive at once; `exclude`: storages not to count)."""
-    mode = _LiveBytes(exclude)
-    with mode:
-        out = fn()
-    return out, mode.peak
-
-
-def z_bytes(params: Params, shared: Params | None = None) -> int:
-    """Transient memory of one perturbation or update: the largest parameter's perturbed copy, one
-    float64 chunk while drawing, plus held copies of shared (tied) parameters."""
-    if not params:
-        return 0
-    big = max(params.values(), key=lambda p: p.numel())
-    held = sum(p.numel() * p.element_size() for p in (shared or {}).values())
-    return big.numel() * big.element_size() + 8 * min(CHUNK, big.numel()) + held

@@ -61,7 +61,7 @@ def quantize(x: torch.Tensor, codec: str, generator: torch.Generator | None = No
 def quantize_array(x: torch.Tensor, codec: str, generator: torch.Generator | None = None) -> tuple[np.ndarray, float]:
     """quantize() without the final copy: the payload as a contiguous numpy array (which
     may share memory with x) whose raw bytes are the payload."""
-    x = x.detach().reshape(-1).contiguous()  # 1-D views can be strided, e.g. x[::2]
+    x = x.detach().reshape(-1).contiguous().cpu()  # 1-D views can be strided, e.g. x[::2]; the wire is device-free
     if codec == "fp32":
         return x.to("cpu", torch.float32).numpy().astype("<f4", copy=False), 1.0
     if codec == "bf16":

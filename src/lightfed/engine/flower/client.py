@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
-from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
@@ -15,20 +13,7 @@ from lightfed import config as C
 from lightfed.engine.flower.config import META, REC, SECAGG_REC, STATE_REC, Options, config_from_run_config, digest, options
 from lightfed.engine.flower.faults import inject
 from lightfed.engine.flower.records import pack_stats
-
-_SETUP: dict[str, Any] = {}           # one built task + method + model per client-app process
-
-
-def _setup(cfg: C.RunConfig, opts: Options):
-    import torch
-    torch.set_num_threads(opts.client_threads)      # every call: OpenMP thread counts are per calling thread
-    key = digest(cfg)
-    if key not in _SETUP:
-        from lightfed.engine import local
-        _SETUP.clear()
-        _SETUP[key] = local.build(cfg)
-    return _SETUP[key]
-
+from lightfed.engine.flower.train import setup, train_core
 
 def _state_files(d: str, cid: int) -> dict[int, Path]:
     return {int(p.stem.rsplit("-r", 1)[1]): p for p in Path(d).glob(f"client-{cid}-r*.safetensors")}
@@ -73,15 +58,6 @@ def _save_client_state(context: Context, cid: int, state: dict, rnd: int = 0, op
     _store_client_state_blob(context, cid, blob, rnd, opts or Options())
 
 
-def _process_age() -> float | None:
-    """Seconds since this process started (a deployment starts one client-app process per message)."""
-    try:
-        import psutil
-        return time.time() - psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - a measurement only
-        return None
-
-
 def _partition_id(context: Context) -> int | None:
     v = context.node_config.get("partition-id")
     return None if v is None else int(v)
@@ -117,28 +93,6 @@ def client_query(msg: Message, context: Context) -> Message:
                 max_bytes=2 * cfg.max_message_bytes + (1 << 30), config=cfg.to_dict())
     return Message(RecordDict({REC: ConfigRecord({"partition-id": -1 if _partition_id(context) is None
                                                   else _partition_id(context), "pid": os.getpid()})}), reply_to=msg)
-
-
-def train_core(cfg: C.RunConfig, rnd: int, cid: int, down: bytes, state: dict) -> tuple[bytes, dict, dict, dict]:
-    """One client round where the model lives (this process, or the node worker). -> (up, state, stats, measure)"""
-    from lightfed.data.tensors import subset
-    from lightfed.engine import local
-    from lightfed.engine import protocol as P
-    from lightfed.measure import PeakRSS
-    from lightfed.methods.base import ClientContext
-
-    t_build = time.perf_counter()
-    S = _setup(cfg, options(cfg))
-    build_s = time.perf_counter() - t_build             # 0 when this process built it before (actors, node workers)
-    ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
-    data = subset(S.task.train, S.shards[cid])
-    t = time.perf_counter()
-    with PeakRSS() as mem:
-        up, stats = P.client_round(S.method, S.model, down, data, ctx, cfg.max_message_bytes)
-    measure = {"seconds": time.perf_counter() - t, "build_seconds": build_s,
-               **{k: v for k, v in (("rss_peak", mem.peak), ("rss_rise", mem.rise), ("process_age", _process_age()))
-                  if v is not None}}
-    return up, ctx.state, stats, measure
 
 
 def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults) -> Message:
@@ -178,5 +132,5 @@ def _mask(cfg, opts, context: Context, rnd: int, cid: int, up: bytes) -> bytes:
     held = context.state.get(SECAGG_REC) if SECAGG_REC in context.state else None
     if held is None or int(held["round"]) != rnd or int(held["cid"]) != cid:
         raise RuntimeError(f"secagg: client {cid} took no part in round {rnd}'s setup")
-    method = _setup(cfg, opts).method
+    method = setup(cfg, opts).method
     return secagg.Client.restore(cid, held["held"]).mask_upload(up, P.up_schema(method), kind=f"{method.name}/up")

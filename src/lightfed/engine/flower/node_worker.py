@@ -114,7 +114,7 @@ def call(path: Path, header: dict, blobs: list[bytes], *, max_bytes: int, idle: 
 
 def serve(path: Path, idle: float, max_bytes: int, config: Path | None = None) -> None:
     from lightfed import config as C
-    from lightfed.engine.flower import client as F
+    from lightfed.engine.flower import train as F
     tmp = path.parent / f".{os.getpid()}.s"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(tmp))
@@ -126,7 +126,7 @@ def serve(path: Path, idle: float, max_bytes: int, config: Path | None = None) -
     print(f"lightfed node worker {os.getpid()} on {path}", flush=True)
     if config is not None:                       # warm: build the task and model before the first message
         cfg = C.from_dict(json.loads(config.read_text()))
-        F._setup(cfg, F.options(cfg))
+        F.setup(cfg, F.options(cfg))
     while True:
         try:
             conn, _ = srv.accept()

@@ -1,0 +1,295 @@
+"""FedNL's retrieval: the parts `recipe` and `retrieval` of benchmarks/fednl_claims.py (results in fednl_claims.json).
+
+    python benchmarks/fednl_claims.py --parts recipe                      # centralised calibration (validation streams)
+    python benchmarks/fednl_claims.py --parts retrieval --seeds 0,1,2     # the federated passkey grid
+    python benchmarks/fednl_claims.py --parts retrieval --size smoke      # every row at toy size
+
+Setting (task `passkey`, tasks/passkey.py): SmolLM2-135M, streams of 64-token chunks with attention local to each
+chunk, a 7-digit pass key hidden in one chunk of an Austen haystack, the question in the last chunk; exact match of
+the 7 digits. Training streams are 4 chunks, the needle in any chunk but the question's. Evaluation: 4, 8, 16 and
+32 chunks (256-2,048 tokens), needles at depths 0, 0.25, 0.5, 0.75 (outside the question's chunk) and 1.0 (inside
+it, reported apart), 20 streams a cell; evaluation needles and haystack never met in training.
+
+recipe: one client trains FedNL alone (the same batches for every row) and is scored on validation streams (the
+training split's haystack and passkeys, other draws): what each choice of the recipe buys, and its cost a step.
+retrieval: rows FedNL (federated, 4 clients IID, 2 a round), FedNL with its memory reset at every chunk (the same
+trained models), the frozen backbone windowed and with full attention (the reference a user would otherwise run:
+its KV cache grows with the input), and the LoRA baselines trained in both settings.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import reuse_or_run, verdict  # noqa: E402
+
+RUNS = Path("runs/fednl_retrieval")
+UNIT = 64
+TASK = {"unit": UNIT, "window": UNIT, "train_chunks": 4, "train_size": 256, "lengths": "4,8,16,32",
+        "depths": "0,0.25,0.5,0.75,1", "test_per_cell": 20}
+SMOKE_TASK = {**TASK, "train_size": 16, "lengths": "4,8", "depths": "0,1", "test_per_cell": 2}
+# the recipe's rows: (label, method options, task options); each against the row it differs from
+RECIPE = [
+    ("memory in 5 layers spread evenly (5,11,17,23,29), gate 0 (the old default)", {"layers": "auto", "n_layers": 5}, {}),
+    ("memory in 3 late layers (17,23,29), gate 0", {"layers": "17,23,29"}, {}),
+    ("3 late layers, gate 0.1", {"layers": "17,23,29", "gate": 0.1}, {}),
+    ("3 late layers, gate 0.1, gate lr 10x", {"layers": "17,23,29", "gate": 0.1, "gate_lr": 0.1}, {}),
+    ("3 late layers, gate 0.1, beta bias -2 (slower writes)", {"layers": "17,23,29", "gate": 0.1, "beta_bias": -2.0}, {}),
+    ("3 late layers, gate 0.1, key rank 32", {"layers": "17,23,29", "gate": 0.1, "r_k": 32}, {}),
+    ("3 late layers, gate 0.1, 8-chunk training streams", {"layers": "17,23,29", "gate": 0.1}, {"train_chunks": 8}),
+]
+SIZES = {   # steps of the centralised recipe rows; the federated grid
+    "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 12, "local_steps": 20, "task": TASK,
+            "recipe_task": {**TASK, "lengths": "4,8", "depths": "0,0.5,1", "test_per_cell": 24, "validation": True}},
+    "smoke": {"recipe": {"rounds": 1, "local_steps": 2}, "rounds": 1, "local_steps": 1, "task": SMOKE_TASK,
+              "recipe_task": {**SMOKE_TASK, "validation": True}},
+}
+BASE = {"task": "passkey", "batch_size": 8, "lr": 1e-2, "dtype": "bf16", "progress": False}
+BASELINES = [("FedAvg+LoRA", "lora", {}), ("FedProx (LoRA)", "lora", {"mu": 0.01}), ("FedALA", "fedala", {}),
+             ("FedSSI", "fedssi", {})]
+LORA_LR = 1e-3
+
+
+def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
+    out = []
+    for i, (label, mo, to) in enumerate(rows):
+        c = {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, **size["recipe"],
+             "eval_every": size["recipe"]["rounds"], "method_options": mo, "task_options": {**size["recipe_task"], **to},
+             "out": str(RUNS / f"recipe-{i:02d}")}
+        out.append((label, c))
+    return out
+
+
+def step_costs(size: dict) -> dict:
+    """Seconds per training step of FedNL (the recipe's layers) with and without the frozen-prefix cache and the early
+    stop of earlier chunks, fp32 and bf16, measured side by side in this process (one thread)."""
+    import torch
+    from lightfed import config as C, device
+    from lightfed.data.tensors import batches
+    from lightfed.engine import local
+    from lightfed.models import lm, streaming
+    torch.set_num_threads(1)
+    out = {}
+    for dtype in ("fp32", "bf16"):
+        cfg = C.from_dict({**BASE, "dtype": dtype, "method": "fednl", "clients": 1,
+                           "method_options": {"layers": "17,23,29", "gate": 0.1}, "task_options": {**size["task"], "test_per_cell": 1}})
+        S = local.build(cfg)
+        model, T = S.model, S.task
+        b = next(batches(T.train, 8, torch.Generator().manual_seed(0)))
+        for label, cache, early in (("plain (every layer of every chunk)", False, False), ("early stop", False, True),
+                                    ("early stop + prefix cache (warm)", True, True)):
+            model.prefix_cache = streaming.PrefixCache() if cache else None
+            times = []
+            for k in range(4):
+                t = time.perf_counter()
+                with device.using("cpu", dtype):
+                    loss = lm.target_nll(model, b["input_ids"], b["target_mask"], UNIT) if early else _plain_loss(model, b)
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+                times.append(time.perf_counter() - t)
+            out[f"{dtype}, {label}"] = float(np.median(times[1:]))
+    return out
+
+
+def _plain_loss(model, b):
+    """The loss with every chunk through every layer (streaming.hidden without targets: no early stop)."""
+    import torch.nn.functional as F
+    from lightfed.models import streaming
+    h = streaming.hidden(model, b["input_ids"], UNIT)
+    sel = b["target_mask"][:, 1:]
+    return F.cross_entropy(model.lm_head(h[:, :-1][sel]).float(), b["input_ids"][:, 1:][sel])
+
+
+def part_recipe(size_name: str, workers: int) -> dict:
+    size = SIZES[size_name]
+    grid = recipe_grid(size)
+    sums = reuse_or_run(grid, workers)
+    rows = []
+    for (label, c), s in zip(grid, sums):
+        if "error" in s:
+            rows.append({"label": label, "error": s["error"]})
+            continue
+        recs = [json.loads(x) for x in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()]
+        steps = sum(cl["steps"] for r in recs[1:] for cl in r["clients"])
+        cells = s["cells"]["passkey"]
+        out_q = [v for k, v in cells.items() if not k.endswith("/1")]
+        rows.append({"label": label, "options": c["method_options"], "task_options": c["task_options"], "steps": steps,
+                     "s_per_step": s["time"]["client_compute"] / steps, "cells": cells,
+                     "outside_question_chunk": float(np.mean(out_q)), "initial": s["initial"], "final": s["final"],
+                     "train_loss": [cl["train_loss"] for r in recs[1:] for cl in r["clients"]]})
+    return {"rows": rows, "costs": step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
+
+
+def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = None) -> list[tuple[str, dict]]:
+    fed = {**BASE, "clients": 4, "fraction": 0.5, "rounds": size["rounds"], "local_steps": size["local_steps"],
+           "eval_every": size["rounds"], "partition": "iid"}
+    g = []
+    for seed in seeds:
+        if methods is None or "FedNL" in methods:
+            g.append((f"FedNL s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe,
+                                         "task_options": size["task"], "out": str(RUNS / f"fednl-s{seed}")}))
+        for label, m, mo in BASELINES:
+            for setting, window in (("windowed", UNIT), ("full attention", 0)):
+                name = f"{label}, {setting}"
+                if methods is not None and name not in methods:
+                    continue
+                g.append((f"{name} s{seed}", {**fed, "method": m, "seed": seed, "lr": LORA_LR, "method_options": mo,
+                                               "task_options": {**size["task"], "window": window},
+                                               "out": str(RUNS / f"{m}{'-prox' if mo else ''}-{window}-s{seed}")}))
+    return g
+
+
+def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> dict:
+    """{cell: exact match} on the test streams."""
+    from lightfed import device
+    from lightfed.models import backbones
+    from lightfed.tasks import passkey
+    o = passkey.Options(**task_opts)
+    tok = backbones.smollm2_tokenizer()
+    tok.model_max_length = 10**9
+    ss = passkey.streams(o, tok, "eval")
+    model.eval()
+    with device.using("cpu", "bf16"):
+        xs = passkey.exact_match(model, ss, window, reset=reset)
+    cells: dict[str, list[float]] = {}
+    for s, x in zip(ss, xs):
+        cells.setdefault(passkey.cell(s), []).append(x)
+    return {k: float(np.mean(v)) for k, v in cells.items()}
+
+
+def final_model(summary: dict):
+    from lightfed import config as C, device
+    from lightfed.engine import local
+    cfg = C.from_dict(summary["config"])
+    S = local.build(cfg)
+    _, state, _, _ = local.load_checkpoint(Path(summary["out"]))
+    S.method.load(S.model, state)
+    device.place(S.model, "cpu", "bf16")
+    return S.model
+
+
+def by_length(cells: dict) -> dict[str, float]:
+    """Exact match per length over the depths outside the question's chunk."""
+    out: dict[str, list[float]] = {}
+    for k, v in cells.items():
+        L, d = k.split("/")
+        if float(d) < 1:
+            out.setdefault(L, []).append(v)
+    return {L: float(np.mean(v)) for L, v in sorted(out.items(), key=lambda x: int(x[0]))}
+
+
+def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: set[str] | None = None) -> dict:
+    import torch
+    from lightfed.models import backbones, delta_memory
+    torch.set_num_threads(workers)
+    size = SIZES[size_name]
+    grid = retrieval_grid(size, seeds, recipe, methods)
+    sums = reuse_or_run(grid, workers)
+    rows: dict[str, dict] = {}
+    for (label, c), s in zip(grid, sums):
+        name = label.rsplit(" s", 1)[0]
+        r = rows.setdefault(name, {"seeds": [], "cells": [], "errors": []})
+        if "error" in s:
+            r["errors"].append(s["error"])
+            continue
+        r["seeds"].append(c["seed"])
+        r["cells"].append(s["cells"]["passkey"])
+        r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
+        r.setdefault("trainable", s["trainable_params"])
+        if c["method"] == "fednl":          # the control: the same trained model, its memory emptied at every chunk
+            m = final_model(s)
+            rr = rows.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
+            rr["seeds"].append(c["seed"])
+            rr["cells"].append(evaluate_model(m, size["task"], UNIT, reset=True))
+            rows["FedNL"]["state_bytes"] = sum(b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(m))
+    back = backbones.smollm2(False, 0)
+    for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
+        cells = evaluate_model(back, size["task"], window)
+        rows[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
+    cfg = back.config
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    lengths = [int(x) for x in size["task"]["lengths"].split(",")]
+    retrieval = {name: {str(L): [by_length(c)[str(L)] for c in r["cells"]] for L in lengths} for name, r in rows.items() if r["cells"]}
+    return {"rows": rows, "retrieval": retrieval, "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
+            "task": size["task"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR}},
+            "inference_bytes": {"kv_cache_fp32_per_token": kv_per_token,
+                                "kv_cache_fp32": {str(L): kv_per_token * L * UNIT for L in lengths},
+                                "fednl_state_fp32": rows.get("FedNL", {}).get("state_bytes"),
+                                "window_kv_fp32": kv_per_token * UNIT}}
+
+
+# --- report -------------------------------------------------------------------------------------
+def _ms(xs):
+    xs = [x for x in xs if x is not None]
+    return f"{np.mean(xs):.3f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.3f}" if xs else "-"
+
+
+def markdown_recipe(r: dict) -> list[str]:
+    L = ["## FedNL's recipe, measured (centralised, validation streams)\n",
+         f"One client, {r['setting']['rounds']} rounds x {r['setting']['local_steps']} steps of 8 streams of "
+         f"{r['setting']['task']['train_chunks'] * UNIT} tokens, lr 1e-2 (AdamW), bf16 forwards; exact match on validation "
+         f"streams (the training split's haystack and passkeys, other draws) at 4 and 8 chunks. Column 'outside' = the "
+         "mean over depths outside the question's chunk.\n",
+         "| recipe row | outside the question's chunk | cells (chunks/depth: exact match) | s / step |", "|---|---|---|---|"]
+    for row in r["rows"]:
+        if "error" in row:
+            L.append(f"| {row['label']} | failed: {row['error'][:80]} | | |")
+            continue
+        cells = ", ".join(f"{k}: {v:.2f}" for k, v in row["cells"].items())
+        L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | {cells} | {row['s_per_step']:.2f} |")
+    L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):", "",
+          "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
+    return L + [""]
+
+
+def markdown_retrieval(r: dict) -> list[str]:
+    s = r["setting"]
+    lens = sorted({k.split("/")[0] for row in r["rows"].values() for c in row["cells"] for k in c}, key=int)
+    L = ["## Retrieval: the pass key outside the attention window (federated)\n",
+         f"Task passkey ({s['task']}), {s['clients']} clients IID, {s['per_round']} a round, {s['rounds']} rounds x "
+         f"{s['local_steps']} local steps of {s['batch']} streams; FedNL's recipe {r['recipe']}; lrs {s['lr']}. Exact match of "
+         "the 7 digits, mean ± sd over seeds, over the depths outside the question's chunk; the last column: the needle in "
+         "the question's own chunk.\n",
+         "| row | " + " | ".join(f"{L_} chunks ({int(L_) * UNIT} tok)" for L_ in lens) + " | in the question's chunk | seeds |",
+         "|---|" + "---|" * (len(lens) + 2)]
+    for name, row in r["rows"].items():
+        if not row["cells"]:
+            L.append(f"| {name} | " + " | ".join("-" for _ in lens) + f" | - | failed: {row['errors'][0][:60] if row['errors'] else ''} |")
+            continue
+        per = [by_length(c) for c in row["cells"]]
+        inq = [np.mean([v for k, v in c.items() if k.endswith("/1")]) for c in row["cells"]]
+        L.append(f"| {name} | " + " | ".join(_ms([p.get(L_) for p in per]) for L_ in lens)
+                 + f" | {_ms(inq)} | {', '.join(map(str, row['seeds']))} |")
+    ib = r["inference_bytes"]
+    L += ["", "Inference memory held for the context (exact bytes, fp32): FedNL's memory state "
+          f"{ib['fednl_state_fp32']:,} B at every length, plus the {UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); "
+          "full attention's KV cache: " + ", ".join(f"{int(k) * UNIT} tokens {v / 2**20:.1f} MB" for k, v in ib["kv_cache_fp32"].items()) + ".", ""]
+    ret = r["retrieval"]
+    if "FedNL" in ret:
+        f = ret["FedNL"]
+        def tgt(L_, thr):
+            xs = f.get(str(L_), [])
+            return (f"{'met' if len(xs) >= 3 and min(xs) >= thr else ('missed' if len(xs) >= 3 and max(xs) < thr else 'inconclusive')}"
+                    f" ({', '.join(f'{x:.2f}' for x in xs)})")
+        L += ["| target | verdict (per seed) |", "|---|---|",
+              f"| FedNL >= 0.9 at 4 chunks | {tgt(4, 0.9)} |", f"| FedNL >= 0.5 at 16 chunks | {tgt(16, 0.5)} |"]
+        reset = ret.get("FedNL, memory reset per chunk", {})
+        if reset:
+            xs = [x for v in reset.values() for x in v]
+            L.append(f"| the reset control <= 0.1 at every length | {'met' if max(xs) <= 0.1 else 'missed'} (max {max(xs):.2f}) |")
+        full = ret.get("backbone, full attention")
+        if full:
+            for L_ in sorted(f, key=int):
+                L.append(f"| FedNL vs full attention at {int(L_) * UNIT} tokens | {np.mean(f[L_]):.2f} vs {full[L_][0]:.2f} "
+                         f"(memory {ib['fednl_state_fp32'] / 2**20:.2f} MB vs KV {ib['kv_cache_fp32'][L_] / 2**20:.1f} MB) |")
+        for other in ("FedAvg+LoRA, windowed", "FedAvg+LoRA, full attention"):
+            if other in ret:
+                for L_ in sorted(f, key=int):
+                    if len(ret[other].get(L_, [])) >= 3:
+                        L.append(f"| FedNL above {other} at {L_} chunks | {verdict(f[L_], ret[other][L_], False)} |")
+    return L + [""]

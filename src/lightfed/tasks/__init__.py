@@ -1,0 +1,38 @@
+"""Every task, by name. A task = data + pretrained backbone + loss + metric (tasks/base.py's Task); each module
+holds its `Options` (validated before any work) and `build(options, seed) -> Task`. Adding a task = one file +
+one line here; the engine does not change.
+
+| task       | data (offline)                              | backbone                                   | metric     |
+|------------|---------------------------------------------|--------------------------------------------|------------|
+| sentiment  | tweets, positive vs negative                | all-MiniLM-L6-v2 + linear head             | accuracy   |
+| psentiment | the same tweets, prompt-based label words   | SmolLM2-135M-Instruct                      | accuracy   |
+| trivia     | 4-way multiple choice, 54 subjects          | SmolLM2-135M, option log-likelihood        | accuracy   |
+| austen     | six novels, next-token prediction           | SmolLM2-135M                               | perplexity |
+| fmnist     | Fashion-MNIST, all 10 classes               | GroupNorm ResNet-18 lightfed pretrains     | accuracy   |
+| niah       | RULER-style needles in Austen haystacks     | SmolLM2-135M, streamed in local windows    | accuracy   |
+| passkey    | a pass key in an Austen haystack, streamed  | SmolLM2-135M, local windows (or full attn) | exact match|
+| textclf    | the user's own file of labelled texts       | all-MiniLM-L6-v2 (or --model) + head       | accuracy   |
+`tiny = true` swaps the backbone for a random twin of a few thousand weights (tests only).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from lightfed.config import ConfigError, check_options
+from lightfed.tasks import austen, fmnist, niah, passkey, psentiment, sentiment, textclf, trivia
+from lightfed.tasks.base import Task  # noqa: F401  (the record every task builds)
+
+TASKS = {m.__name__.rsplit(".", 1)[-1]: m for m in (sentiment, psentiment, trivia, austen, fmnist, niah, passkey, textclf)}
+
+
+def options(name: str, given: dict):
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}")
+    return check_options("task", name, TASKS[name].Options, given)
+
+
+def build(name: str, given: dict, seed: int) -> Task:
+    opts = options(name, given)
+    task = TASKS[name].build(opts, seed)
+    task.info["options"] = dataclasses.asdict(opts)
+    return task
