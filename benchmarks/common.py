@@ -1,8 +1,18 @@
-"""Shared by the benchmark scripts: run a grid of configs (in parallel worker processes, one torch
-thread each, so that runs side by side see the same machine), and write results/<name>.{json,md}."""
+"""The benchmark layer every claims script uses: a grid of run configs, run (in worker processes, one torch thread
+each, so that runs side by side see the same machine) or reused, statistics and verdicts, and the results files.
+
+    grid = [(label, config dict), ...]                 a script's own definition of what it measures
+    summaries = reuse_or_run(grid, workers, from_runs)  a finished run is reused only if its config is the same AND
+                                                        it was made by the code that runs now (summary "code", a hash
+                                                        of src/lightfed); --reuse-stale (explicit) also takes runs made
+                                                        by other code, and the results name them
+    ms(xs) / verdict(a, b, a_lower) / wilson(k, n)      statistics; "met" only over >= 3 seeds that separate
+    write(name, data, md)                               results/<name>.{json,md} (+ the script's own plot)
+"""
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import platform
 import sys
@@ -10,6 +20,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+REUSE_STALE = False          # set by a script's --reuse-stale: take runs made by other code, and say so
+STALE: dict[str, str] = {}   # label -> the code hash of a stale run that was reused (reported by meta())
 
 
 def _run_one(args):
@@ -34,15 +46,20 @@ def _run_one(args):
 
 
 def run_grid(grid: list[tuple[str, dict]], workers: int = 2) -> list[dict]:
-    """grid: [(label, config dict)] -> summaries in the same order."""
-    for label, c in grid:      # every config is validated before any run starts
-        from lightfed import config as C
-        from lightfed.engine import local
+    """grid: [(label, config dict)] -> summaries in the same order (every config validated before any run starts)."""
+    from lightfed import config as C
+    from lightfed.engine import local
+    for _, c in grid:
         local.check(C.from_dict(c))
     if workers <= 1:
         return [_run_one(g) for g in grid]
     with mp.get_context("spawn").Pool(workers) as pool:
         return pool.map(_run_one, grid, chunksize=1)
+
+
+def code() -> str:
+    from lightfed.engine.files import source_hash
+    return source_hash()
 
 
 def effective(s: dict, want: dict) -> dict:
@@ -59,31 +76,53 @@ def effective(s: dict, want: dict) -> dict:
 
 
 def finished(label: str, c: dict) -> dict | None:
-    """The summary of a run already made with config c (in c["out"]), or None."""
+    """The summary of a run already made with config c (in c["out"]) by this code (or, with REUSE_STALE, by any
+    code: recorded in STALE), or None."""
     p = Path(c["out"]) / "summary.json"
-    if p.exists():
-        s = json.loads(p.read_text())
-        ran = effective(s, c)
-        if {k: ran.get(k) for k in c if k != "progress"} == {k: v for k, v in c.items() if k != "progress"}:
-            return {**s, "label": label}
-    return None
+    if not p.exists():
+        return None
+    s = json.loads(p.read_text())
+    ran = effective(s, c)
+    if {k: ran.get(k) for k in c if k != "progress"} != {k: v for k, v in c.items() if k != "progress"}:
+        return None
+    if s.get("code") != code():
+        if not REUSE_STALE:
+            return None
+        STALE[label] = s.get("code") or "(before code hashes)"
+    return {**s, "label": label}
 
 
 def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False) -> list[dict]:
-    """Runs that finished with the same config are reused; from_runs: nothing runs, the rest are listed as not run."""
+    """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
+    as not run."""
     done = {label: finished(label, c) for label, c in grid}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:
-        ran = {label: {"label": label, "error": "not run: the grid was stopped at the session's time limit"} for label, _ in todo}
+        ran = {label: {"label": label, "error": "not run: the grid was stopped before it (or its run is stale)"}
+               for label, _ in todo}
     else:
         ran = dict(zip([label for label, _ in todo], run_grid(todo, workers))) if todo else {}
     return [done[label] or ran[label] for label, _ in grid]
 
 
+def add_args(ap) -> None:
+    """The flags every claims script takes."""
+    ap.add_argument("--workers", type=int, default=2, help="runs side by side (one torch thread each)")
+    ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
+    ap.add_argument("--reuse-stale", action="store_true", help="also reuse finished runs made by other code (named in "
+                    "the results); by default such runs are made again")
+
+
+def configure(a) -> None:
+    global REUSE_STALE
+    REUSE_STALE = bool(getattr(a, "reuse_stale", False))
+
+
 def meta(command: str, **extra) -> dict:
     import torch
     return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
-            "machine": platform.machine(), "python": platform.python_version(), **extra}
+            "machine": platform.machine(), "python": platform.python_version(), "code": code(),
+            **({"stale_runs_reused": dict(STALE)} if STALE else {}), **extra}
 
 
 def write(name: str, data: dict, md: str) -> Path:
@@ -91,6 +130,27 @@ def write(name: str, data: dict, md: str) -> Path:
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1))
     (RESULTS / f"{name}.md").write_text(md)
     return RESULTS / f"{name}.md"
+
+
+def ms(xs) -> tuple[float, float, int]:
+    """(mean, sample sd, n) of the values that are not None."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return (float("nan"), float("nan"), 0)
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return (m, sd, len(xs))
+
+
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of a proportion k / n (one seed's accuracy from its test sample alone)."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (c - h, c + h)
 
 
 def verdict(a: list[float], b: list[float], a_lower: bool) -> str:

@@ -29,7 +29,7 @@ from lightfed.data.tensors import subset
 from lightfed.measure import Clock, PeakRSS
 from lightfed.seeds import derive
 from lightfed.engine import protocol as P
-from lightfed.engine.files import fsync
+from lightfed.engine.files import fsync, source_hash
 from lightfed.methods.base import ClientContext
 from lightfed.models.backbones import seeded
 
@@ -361,7 +361,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
     engine_s = sum(h["time"]["engine"] for h in rounds)
     server_s = sum(h["time"].get("server", 0) for h in rounds)
     return {
-        "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(),
+        "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(), "code": source_hash(),
         "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
         "per_domain": evals[-1].get("per_domain"), "cells": evals[-1].get("cells"),

@@ -1,0 +1,271 @@
+"""FLITE at its paper's scale in vision: a GroupNorm ResNet-18 that lightfed pretrains itself, 1,280 latents.
+
+    python benchmarks/flite_vision.py --calibrate        # each method's lr on validation images (one seed, IID)
+    python benchmarks/flite_vision.py                    # the grid: 3 seeds of the claims' rows, one of the Pareto's
+    python benchmarks/flite_vision.py --quick            # every row on the tiny twin (minutes)
+
+Setting: task fmnist, arch resnet18 (models/vision.GNResNet18: 11.2M weights, 20 convolutions; pretrained by
+`lightfed pretrain fmnist` on classes 0-4 of training images 0-29,999, a new 10-way head), 6,000 training images
+from 30,000-59,999, 2,000 official test images (one image = 0.05 pp); 10 clients, half a round, 20 rounds x 10
+local steps of 32, IID and Dirichlet(0.1); forwards in bf16 (autocast; trainable weights and messages fp32) for
+every row alike. FLITE in the paper's form: r = 8 matrix latents on each of the 20 convolutions (20 x 64 = 1,280),
+the frozen orthogonal head, int4 or fp32 latents; against full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's
+conv LoRA, r = 8 on every block's conv1 / conv2, head trained), top-k 1% and PowerSGD rank 4 (error feedback).
+Every lr is chosen on validation images (300 training images the run never trains on: task option validation),
+never on the test set (--calibrate; results flite_vision_calibrate.*).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+from common import meta, ms, reuse_or_run, verdict, write  # noqa: E402
+
+RUNS = Path("runs/flite_vision")
+TASK = {"arch": "resnet18", "train_size": 6000, "test_size": 2000}
+BASE = {"task": "fmnist", "clients": 10, "fraction": 0.5, "rounds": 20, "local_steps": 10, "batch_size": 32,
+        "eval_every": 5, "dtype": "bf16", "progress": False}
+QUICK = {"rounds": 2, "local_steps": 2, "eval_every": 2, "task_options": {"tiny": True, "train_size": 200, "test_size": 100}}
+PAPER = {"r": 8, "head": "orthogonal", "codec": "int4"}            # 20 convolutions x 8^2 = 1,280 latents
+# (key, label, method, method options, task options, partitions, seeds: "claim" = 3, "pareto" = the first)
+ROWS = [
+    ("flite", "FLITE (1,280 int4 latents, frozen orthogonal head)", "flite", PAPER, {}, ["iid", "dirichlet:0.1"], "claim"),
+    ("flite_fp32", "FLITE, fp32 latents", "flite", {**PAPER, "codec": "fp32"}, {}, ["iid"], "claim"),
+    ("flite_head", "FLITE, trained head", "flite", {**PAPER, "head": "trainable"}, {}, ["iid"], "claim"),
+    ("flite_scratch", "FLITE from scratch (random ResNet-18)", "flite", PAPER, {"pretrained": False}, ["iid"], "claim"),
+    ("fedavg", "FedAvg fp32", "fedavg", {}, {}, ["iid", "dirichlet:0.1"], "claim"),
+    ("fedavg_int4", "FedAvg int4", "fedavg", {"codec": "int4"}, {}, ["iid"], "claim"),
+    ("lora", "FedAvg+LoRA (conv, r=8)", "lora", {}, {}, ["iid"], "pareto"),
+    ("topk", "top-k 1% (EF)", "topk", {"ratio": 0.01}, {}, ["iid"], "pareto"),
+    ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "pareto"),
+]
+LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite", "flite_scratch": "flite", "fedavg": "fedavg",
+         "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora"}
+SWEEP = {"flite": [3e-3, 1e-2, 3e-2], "fedavg": [1e-4, 3e-4, 1e-3], "lora": [3e-4, 1e-3, 3e-3]}
+CALIB = {"rounds": 8, "eval_every": 8, "task_options": {**TASK, "validation": True, "test_size": 300}}
+CHANCE = 0.1
+
+
+def calibration_grid(quick: bool) -> list[tuple[str, dict]]:
+    g = []
+    for kind, lrs in SWEEP.items():
+        key = {"flite": "flite", "fedavg": "fedavg", "lora": "lora"}[kind]
+        _, _, m, mo, to, _, _ = next(r for r in ROWS if r[0] == key)
+        for lr in lrs:
+            c = {**BASE, **CALIB, "method": m, "method_options": mo, "lr": lr, "seed": 0, "partition": "iid",
+                 "out": str(RUNS / f"calibrate-{kind}-lr{lr:g}")}
+            if quick:
+                c = {**c, **QUICK, "task_options": {**CALIB["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
+            g.append((f"{kind} lr {lr:g}", c))
+    return g
+
+
+def chosen_lrs(quick: bool) -> dict[str, float]:
+    """Each kind's lr: the highest validation accuracy of its calibration runs (results/flite_vision_calibrate.json)."""
+    p = common.RESULTS / f"flite_vision_calibrate{'_quick' if quick else ''}.json"
+    if not p.exists():
+        raise SystemExit(f"no calibration at {p}: run `python benchmarks/flite_vision.py --calibrate"
+                         f"{' --quick' if quick else ''}` first (lrs are chosen on validation images)")
+    return json.loads(p.read_text())["chosen"]
+
+
+def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> list[tuple[str, dict]]:
+    g = []
+    for key, label, m, mo, to, parts, role in ROWS:
+        if keys and key not in keys:
+            continue
+        for part in parts:
+            for s in (seeds if role == "claim" else seeds[:1]):
+                c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part,
+                     "seed": s, "lr": lrs[LR_OF[key]], "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}")}
+                if quick:
+                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
+                g.append((f"{key}|{part}|s{s}", c))
+    return g
+
+
+def summarize(g, sums) -> dict:
+    rows: dict[str, dict] = {}
+    for (label, c), s in zip(g, sums):
+        key, part, _ = label.split("|")
+        r = rows.setdefault(f"{key}|{part}", {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [],
+                                              "errors": [], "curves": []})
+        if "error" in s:
+            r["errors"].append(s["error"])
+            continue
+        r["finals"].append(s["final"])
+        r["initials"].append(s["initial"])
+        r["seeds"].append(c["seed"])
+        r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
+        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=c["lr"],
+                 trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
+                 method_info=s.get("method_info"), wall_s=s["time"]["wall"])
+    return rows
+
+
+def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
+    def f(key, part="iid"):
+        return rows.get(f"{key}|{part}", {}).get("finals", [])
+
+    def within(a, b, pp):       # a >= b - pp, judged over seeds: met when a's range clears b - pp
+        return verdict([-x for x in a], [-(y - pp) for y in b], True) if a and b else "not run"
+
+    out = []
+    fl, fa = f("flite"), f("fedavg")
+    out.append(("FLITE within 1 pp of FedAvg fp32 (IID): FLITE >= FedAvg - 1 pp", within(fl, fa, 0.01)
+                + (f" (means {np.mean(fl):.4f} vs {np.mean(fa):.4f})" if fl and fa else "")))
+    fld, fad = f("flite", "dirichlet:0.1"), f("fedavg", "dirichlet:0.1")
+    if fld and fad:
+        out.append(("Dirichlet(0.1): FLITE no worse than FedAvg - 1 pp", within(fld, fad, 0.01)
+                    + f" (FLITE - FedAvg = {100 * (np.mean(fld) - np.mean(fad)):+.2f} pp; the paper: +0.97 pp)"))
+    r = rows.get("flite|iid")
+    if r and "up" in r:
+        fa_up = rows.get("fedavg|iid", {}).get("up")
+        ours = fa_up / r["up"] if fa_up else None
+        latents = (r.get("method_info") or {}).get("latent", 1280)
+        paper = backbone_bytes / (4 * latents + 8)
+        out.append(("uplink >= 8,000x below FedAvg fp32, by len() of the messages",
+                    (f"{'met' if ours >= 8000 else 'missed'} ({ours:,.0f}x: {fa_up:,.0f} B vs {r['up']:,.0f} B; exact, no seeds)"
+                     if ours else "not run")
+                    + f"; the paper's accounting (backbone without head, fp32 / (4 x {latents} + 8)): {paper:,.0f}x"))
+    i4, f32 = f("flite"), f("flite_fp32")
+    if i4 and f32:
+        d = 100 * (np.mean(i4) - np.mean(f32))
+        both = (verdict([-x for x in i4], [-(y - 0.005) for y in f32], True) == "met"
+                and verdict(i4, [y + 0.005 for y in f32], True) == "met")
+        apart = verdict(i4, f32, True) if abs(d) > 0.5 else ""
+        out.append(("int4 latents within 0.5 pp of fp32 latents", ("met" if both else ("missed" if apart in ("met", "missed")
+                    else "inconclusive (the seeds' ranges do not settle it)")) + f" (int4 - fp32 = {d:+.2f} pp)"))
+    q = f("fedavg_int4")
+    if q:
+        out.append(("int4 full-weight FedAvg", f"{np.mean(q):.4f} (chance {CHANCE}); FedAvg fp32 {np.mean(fa):.4f}"
+                    + (" (collapses to chance)" if np.mean(q) < CHANCE + 0.05 else "")))
+    sc = f("flite_scratch")
+    if sc and fl:
+        out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
+                    + f" ({np.mean(fl):.4f} vs {np.mean(sc):.4f}; the paper: 74.67% vs 2.5%)"))
+    hd = f("flite_head")
+    if hd and fl:
+        out.append(("frozen orthogonal head above a trained head", verdict(fl, hd, False)
+                    + f" (orthogonal - trained = {100 * (np.mean(fl) - np.mean(hd)):+.2f} pp; the paper: +0.54 pp)"))
+    return out
+
+
+def render(res: dict) -> str:
+    c = res["config"]
+    L = [f"# FLITE at paper scale in vision (GN ResNet-18, {res['base'].get('params', 0):,} weights)\n",
+         f"Command: `{res['meta']['command']}`  \nDate {res['meta']['date']}, code {res['meta']['code']}; "
+         f"{c['runs']} runs ({c['reused']} reused), {res['wall_s'] / 3600:.1f} h. Setting: {json.dumps(c['base'])}; "
+         f"task {json.dumps(c['task'])}; lrs chosen on validation images: {json.dumps(c['lrs'])}.\n",
+         f"Base: lightfed's own ResNet-18 pretrained on classes 0-4 of training images 0-29,999: held-out accuracy "
+         f"{res['base'].get('heldout_accuracy')} on {res['base'].get('heldout_images')} images after {res['base'].get('epochs')} "
+         f"epochs ({res['base'].get('seconds', 0) / 60:.0f} min, {res['base'].get('torch_threads')} thread); backbone "
+         f"{res['backbone_fp32_bytes']:,} B fp32 without its head.\n",
+         "| row | partition | accuracy (mean ± sd over seeds) | seeds | up B / client / round | x fewer than FedAvg | lr |",
+         "|---|---|---|---|---|---|---|"]
+    label = {k: lab for k, lab, *_ in ROWS}
+    fa = res["rows"].get("fedavg|iid", {}).get("up")
+    for k, r in res["rows"].items():
+        if not r["finals"]:
+            L.append(f"| {label[r['key']]} | {r['partition']} | not run: {(r['errors'] or ['?'])[0][:60]} | | | | |")
+            continue
+        m, sd, n = ms(r["finals"])
+        L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {', '.join(map(str, r['seeds']))} | "
+                 f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {r['lr']:g} |")
+    L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
+    n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
+    L += ["", f"Test images: {n} (one image = {100 / n:.2f} pp). Plots: "
+          "flite_vision.png (accuracy against uplink bytes, log scale; and the curves)."]
+    return "\n".join(L) + "\n"
+
+
+def plot(res: dict, name: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    label = {k: lab for k, lab, *_ in ROWS}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for k, r in res["rows"].items():
+        if not r["finals"] or r["partition"] != "iid":
+            continue
+        m, sd, _ = ms(r["finals"])
+        a.errorbar([r["up"]], [m], yerr=[[m - min(r["finals"])], [max(r["finals"]) - m]], fmt="o", capsize=3,
+                   label=label[r["key"]])
+    a.set_xscale("log")
+    a.set(xlabel="uplink bytes per client per round (len of the message)", ylabel="test accuracy",
+          title="accuracy vs uplink (IID; bars: seed range)")
+    a.legend(fontsize=7)
+    for k, r in res["rows"].items():
+        for j, cur in enumerate(r["curves"]):
+            xs, ys = zip(*cur)
+            b.plot(xs, ys, "-", alpha=0.7, label=f"{label[r['key']]} ({r['partition']})" if j == 0 else None)
+    b.set(xlabel="round", ylabel="test accuracy", title="curves (every seed)")
+    b.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(common.RESULTS / f"{name}.png", dpi=110)
+
+
+def calibrate(a) -> None:
+    g = calibration_grid(a.quick)
+    t0 = time.time()
+    sums = reuse_or_run(g, a.workers, a.from_runs)
+    res, by = [], {}
+    for (label, c), s in zip(g, sums):
+        kind = label.split(" ")[0]
+        acc = s.get("final")
+        res.append({"label": label, "lr": c["lr"], "validation_accuracy": acc, "initial": s.get("initial"),
+                    "error": s.get("error")})
+        if acc is not None and (kind not in by or acc > by[kind][1]):
+            by[kind] = (c["lr"], acc)
+    name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
+    data = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:])), "runs": res,
+            "chosen": {k: v[0] for k, v in by.items()}, "setting": {**BASE, **CALIB}, "wall_s": time.time() - t0}
+    md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
+          f"One seed, IID, {CALIB['rounds']} rounds, scored on {CALIB['task_options']['test_size']} validation images "
+          "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
+          "| run | validation accuracy |", "|---|---|"]
+    md += [f"| {r['label']} | {r['validation_accuracy'] if r['error'] is None else 'failed'} |" for r in res]
+    md += ["", "Chosen: " + ", ".join(f"{k} {v:g}" for k, v in data["chosen"].items())]
+    print(write(name, data, "\n".join(md) + "\n"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
+    common.add_args(ap)
+    a = ap.parse_args(argv)
+    common.configure(a)
+    if a.calibrate:
+        return calibrate(a)
+    from lightfed.tasks import fmnist
+    seeds = [int(s) for s in a.seeds.split(",")]
+    lrs = chosen_lrs(a.quick)
+    g = grid(seeds, a.quick, lrs, set(a.rows.split(",")) if a.rows else None)
+    t0 = time.time()
+    reused = sum(common.finished(label, c) is not None for label, c in g)
+    sums = reuse_or_run(g, a.workers, a.from_runs)
+    rows = summarize(g, sums)
+    base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
+    from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
+    bb = sum(p.numel() * 4 for n, p in vision.GNResNet18(10).named_parameters() if not n.startswith("head."))
+    res = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:] if argv is None else argv)),
+           "config": {"base": BASE, "task": TASK, "seeds": seeds, "lrs": lrs, "runs": len(g), "reused": reused,
+                      "rows": [r[:6] for r in ROWS]},
+           "base": base, "backbone_fp32_bytes": bb, "rows": rows, "claims": claims(rows, bb), "wall_s": time.time() - t0}
+    name = "flite_vision" + ("_quick" if a.quick else "")
+    print(write(name, res, render(res)))
+    plot(res, name)
+
+
+if __name__ == "__main__":
+    main()
