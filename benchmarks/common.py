@@ -40,21 +40,26 @@ def _run_one(args):
         print(f"[bench] FAILED {label}: {e!r}", file=sys.stderr, flush=True)
         return {"label": label, "error": repr(e), "config": cfg_dict}
     s["label"] = label
+    (Path(cfg_dict["out"]) / "bench.json").write_text(json.dumps(cfg_dict))   # the config the benchmark asked for
     print(f"[bench] done {label}: {s['metric']} {s['initial']:.4f} -> {s['final']:.4f} in {time.time() - t:.0f} s",
           file=sys.stderr, flush=True)
     return s
 
 
-def run_grid(grid: list[tuple[str, dict]], workers: int = 2) -> list[dict]:
-    """grid: [(label, config dict)] -> summaries in the same order (every config validated before any run starts)."""
+def run_grid(grid: list[tuple[str, dict]], workers: int = 2, runner=None, fresh_process: bool = False) -> list[dict]:
+    """grid: [(label, config dict)] -> summaries in the same order (every config validated before any run starts).
+    runner: a module-level function (label, config) -> summary that writes bench.json (default: a plain run);
+    fresh_process: one process per run (a runner that patches classes)."""
     from lightfed import config as C
     from lightfed.engine import local
-    for _, c in grid:
-        local.check(C.from_dict(c))
-    if workers <= 1:
-        return [_run_one(g) for g in grid]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        return pool.map(_run_one, grid, chunksize=1)
+    runner = runner or _run_one
+    if runner is _run_one:
+        for _, c in grid:
+            local.check(C.from_dict(c))
+    if workers <= 1 and not fresh_process:
+        return [runner(g) for g in grid]
+    with mp.get_context("spawn").Pool(workers, maxtasksperchild=1 if fresh_process else None) as pool:
+        return pool.map(runner, grid, chunksize=1)
 
 
 def code() -> str:
@@ -78,13 +83,17 @@ def effective(s: dict, want: dict) -> dict:
 def finished(label: str, c: dict) -> dict | None:
     """The summary of a run already made with config c (in c["out"]) by this code (or, with REUSE_STALE, by any
     code: recorded in STALE), or None."""
-    p = Path(c["out"]) / "summary.json"
+    p, b = Path(c["out"]) / "summary.json", Path(c["out"]) / "bench.json"
     if not p.exists():
         return None
     s = json.loads(p.read_text())
-    ran = effective(s, c)
-    if {k: ran.get(k) for k in c if k != "progress"} != {k: v for k, v in c.items() if k != "progress"}:
-        return None
+    if b.exists():                      # the config the benchmark asked for, as it asked
+        if json.loads(b.read_text()) != c:
+            return None
+    else:                               # runs made before bench.json: their resolved config
+        ran = effective(s, c)
+        if {k: ran.get(k) for k in c if k != "progress"} != {k: v for k, v in c.items() if k != "progress"}:
+            return None
     if s.get("code") != code():
         if not REUSE_STALE:
             return None
@@ -92,16 +101,17 @@ def finished(label: str, c: dict) -> dict | None:
     return {**s, "label": label}
 
 
-def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False) -> list[dict]:
+def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False, runner=None,
+                 fresh_process: bool = False) -> list[dict]:
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
-    as not run."""
+    as not run. runner / fresh_process: as run_grid's."""
     done = {label: finished(label, c) for label, c in grid}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:
         ran = {label: {"label": label, "error": "not run: the grid was stopped before it (or its run is stale)"}
                for label, _ in todo}
     else:
-        ran = dict(zip([label for label, _ in todo], run_grid(todo, workers))) if todo else {}
+        ran = dict(zip([label for label, _ in todo], run_grid(todo, workers, runner, fresh_process))) if todo else {}
     return [done[label] or ran[label] for label, _ in grid]
 
 

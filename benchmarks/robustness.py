@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, meta, run_grid, verdict, write  # noqa: E402
+from common import RESULTS, meta, reuse_or_run, run_grid, verdict, write  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
@@ -327,17 +327,15 @@ def plots(res: dict) -> None:
         rows = res["dp"]["rows"]
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, method in enumerate(sorted({k.split("|")[0] for k in rows})):
-            for clip, ls in ((DP_CLIP[method], ":"), (DP_CLIP_MATCHED[method], "-")):
-                pre = f"{method}|z=" if clip == DP_CLIP[method] else f"{method}|C={clip:g}|z="
-                pts = sorted((r["eps"][0], r["mean"], r["std"]) for k, r in rows.items()
-                             if k.startswith(pre) and r["n"] and r["eps"] and r["eps"][0] is not None)
-                if pts:
-                    x, y, e = zip(*pts)
-                    ax.errorbar(x, y, yerr=e, marker="o", capsize=3, ls=ls, color=f"C{i}",
-                                label=f"{method}, clip C = {clip:g}")
-            ref = rows.get(f"{method}|no DP")
+            pts = sorted((r["eps"][0], r["mean"], r["std"]) for k, r in rows.items()
+                         if k.startswith(method + "|C=") and r["n"] and r["eps"] and r["eps"][0] is not None)
+            if pts:
+                x, y, e = zip(*pts)
+                ax.errorbar(x, y, yerr=e, marker="o", capsize=3, color=f"C{i}",
+                            label=f"{method}, clip C = {res['dp']['clips'][method]['C']:g} (from its update norms)")
+            ref = rows.get(f"{method}|clean")
             if ref and ref["n"]:
-                ax.axhline(ref["mean"], ls="--", color=f"C{i}", lw=1, label=f"{method}, no DP")
+                ax.axhline(ref["mean"], ls="--", color=f"C{i}", lw=1, label=f"{method}, no DP (clean)")
         ax.set_xscale("log")
         eps = sorted({r["eps"][0] for r in rows.values() if r["eps"] and r["eps"][0] is not None})
         ax.set_xticks(eps, [f"{e:.1f}" for e in eps])
@@ -397,17 +395,16 @@ METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-2), "Fed
            # head (methods/probe.py, one round, run per seed first) it starts at ~0.8, so an attack can show; its lr
            # is zoflite_claims' calibrated one for these weights
            "FedSPZO": ("fedspzo", {"trainable": ZO_TRAINABLE, "z": "fast", "split": 1, "P1": 1, "Ps": 2}, 1e-5)}
-DP_NOISE = [0.0, 0.3, 1.0, 3.0]                 # z; 0.0 with the clip = clipping only; plus a run without DP
-DP_CLIP = {"FedAvg+LoRA": 0.5, "FLITE": 0.5}    # C: one clip for both (the table's first rows)
-# C at about each method's median update norm before clipping, read from the z = 0 runs at C = 0.5 (the DP
-# table prints them: FLITE's latent + head ~3.2, LoRA's adapters + head ~0.24): a clip that neither cuts
-# every update (FLITE at 0.5) nor lets the noise dwarf them (LoRA at 0.5)
-DP_CLIP_MATCHED = {"FedAvg+LoRA": 0.25, "FLITE": 3.0}
-DP_NOISE_MATCHED = [0.3, 1.0, 3.0]
+DP_NOISE = [0.0, 0.3, 1.0, 3.0]                 # z; 0.0 with the clip = clipping only
+DP_METHODS = ("FedAvg+LoRA", "FLITE")
+# The clip C of each method is fixed BEFORE any DP run, by a rule on training updates alone (never on test
+# accuracy): the median of its clients' update norms in its clean runs (a clip of 1e9 that never binds, z = 0, which
+# records the norms before clipping), to 2 significant digits.
+NEVER_BINDS = 1e9
 ATTACKS = ["sign-flip x10", "large-norm x1000"]
 
 
-def runs_grid(kind: str, seeds) -> list[tuple[str, dict]]:
+def runs_grid(kind: str, seeds, clips: dict | None = None) -> list[tuple[str, dict]]:
     g = []
     for seed in seeds:
         def run(label, method, extra):
@@ -417,14 +414,13 @@ def runs_grid(kind: str, seeds) -> list[tuple[str, dict]]:
                 c["init"] = probe_out(seed)
             c["out"] = str(Path("runs") / "robustness" / (f"{kind}-{label}-s{seed}".replace(" ", "_").replace("/", "_")))
             g.append((f"{kind}|{label}|s{seed}", c))
-        if kind == "dp":
-            for method in DP_CLIP:
-                run(f"{method}|no DP", method, {})
+        if kind == "dp_clean":           # stage 1: clean runs that record the update norms
+            for method in DP_METHODS:
+                run(f"{method}|clean", method, {"dp_clip": NEVER_BINDS, "dp_noise": 0.0})
+        elif kind == "dp":               # stage 2: at each method's clip, fixed from stage 1 (clips[method])
+            for method in DP_METHODS:
                 for z in DP_NOISE:
-                    run(f"{method}|z={z:g}", method, {"dp_clip": DP_CLIP[method], "dp_noise": z})
-                for z in DP_NOISE_MATCHED:
-                    C = DP_CLIP_MATCHED[method]
-                    run(f"{method}|C={C:g}|z={z:g}", method, {"dp_clip": C, "dp_noise": z})
+                    run(f"{method}|C={clips[method]:g}|z={z:g}", method, {"dp_clip": clips[method], "dp_noise": z})
         elif kind == "dropout":
             for method in ("FedAvg+LoRA", "FLITE"):
                 run(f"{method}|no faults", method, {})
@@ -505,33 +501,24 @@ def _hostile_one(args):
 
 
 def part_runs(kind: str, seeds, workers, finished_only: bool = False) -> dict:
-    import multiprocessing as mp
-    g = runs_grid(kind, seeds)
-    done, todo = {}, []
+    if kind == "dp":                     # stage 1 fixes each method's clip from its clean runs' update norms
+        clean = part_runs("dp_clean", seeds, workers, finished_only)
+        norms = {m: [x for k, r in clean["rows"].items() if k.startswith(m + "|") for x in r.get("norms", [])] for m in DP_METHODS}
+        clips = {m: float(f"{np.median(v):.2g}") for m, v in norms.items() if v}
+        out = _runs(kind, runs_grid(kind, seeds, clips), workers, finished_only)
+        out["rows"] = {**clean["rows"], **out["rows"]}
+        out["clips"] = {m: {"C": clips.get(m), "median_norm": float(np.median(v)) if v else None, "norms": len(v)}
+                        for m, v in norms.items()}
+        out["markdown"] = _runs_md(kind, out["rows"], out["clips"])
+        return out
     if kind == "hostile" and not finished_only:
         probes(seeds)
-    for label, c in g:                   # a finished run with the same config is reused
-        f = Path(c["out"]) / "summary.json"
-        b = Path(c["out"]) / "bench.json"
-        if kind == "hostile":
-            if f.exists() and b.exists() and json.loads(b.read_text()) == c:
-                done[label] = {**json.loads(f.read_text()), "label": label}
-                continue
-        elif f.exists():
-            s = json.loads(f.read_text())
-            if {k: s["config"].get(k) for k in c if k != "engine_options"} == {k: v for k, v in c.items() if k != "engine_options"}:
-                done[label] = {**s, "label": label}
-                continue
-        todo.append((label, c))
-    if finished_only:
-        g, todo = [(l, c) for l, c in g if l in done], []
-    if kind == "hostile" and todo:
-        # one process per run: a hostile run patches its method's class in the process that runs it
-        with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-            ran = dict(zip([l for l, _ in todo], pool.map(_hostile_one, todo, chunksize=1)))
-    else:
-        ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
-    sums = [done.get(l) or ran[l] for l, _ in g]
+    return _runs(kind, runs_grid(kind, seeds), workers, finished_only)
+
+
+def _runs(kind: str, g, workers, finished_only: bool) -> dict:
+    sums = reuse_or_run(g, workers, finished_only, runner=_hostile_one if kind == "hostile" else None,
+                        fresh_process=kind == "hostile")
     rows = {}
     for (label, c), s in zip(g, sums):
         key = label.rsplit("|", 1)[0].split("|", 1)[1]
@@ -545,7 +532,7 @@ def part_runs(kind: str, seeds, workers, finished_only: bool = False) -> dict:
         if s.get("dp"):
             r["eps"].append(s["dp"].get("epsilon"))
         r["dropped"].append(sum(len(v) for v in (s.get("dropped_by_round") or {}).values()))
-        if kind == "dp" and c.get("dp_clip"):   # the clients' update norms before clipping (privacy.clip)
+        if kind in ("dp", "dp_clean") and c.get("dp_clip"):   # the clients' update norms before clipping (privacy.clip)
             m = Path(s["out"]) / "metrics.jsonl"
             cl = [x for l in m.read_text().splitlines() for x in json.loads(l).get("clients", [])] if m.exists() else []
             r.setdefault("norms", []).extend(x["dp_norm"] for x in cl if "dp_norm" in x)
@@ -553,51 +540,57 @@ def part_runs(kind: str, seeds, workers, finished_only: bool = False) -> dict:
     for r in rows.values():
         f = np.array(r["finals"]) if r["finals"] else np.array([np.nan])
         r["mean"], r["std"], r["n"] = float(f.mean()), float(f.std(ddof=1)) if len(f) > 1 else 0.0, len(r["finals"])
-    return {"task": "sentiment", "task_options": TASK, "base": BASE, "methods": METHODS, "seeds": list(seeds),
-            "rows": rows, "markdown": _runs_md(kind, rows)}
+    return {"task": "sentiment", "task_options": TASK, "base": BASE, "methods": METHODS,
+            "seeds": sorted({c["seed"] for _, c in g}), "rows": rows, "markdown": _runs_md(kind, rows)}
 
 
-def _runs_md(kind: str, rows: dict) -> str:
+def _runs_md(kind: str, rows: dict, clips: dict | None = None) -> str:
     title = {"dp": "Differential privacy: accuracy vs epsilon", "dropout": "Dropouts and stragglers",
-             "hostile": "Hostile clients (0, 1, 2 of 10)"}[kind]
+             "hostile": "Hostile clients (0, 1, 2 of 10)", "dp_clean": "Clean runs"}[kind]
     L = [f"## {title}\n", f"sentiment (real MiniLM), {BASE['clients']} clients, {BASE['rounds']} rounds x "
          f"{BASE['local_steps']} steps, {TASK['test_size']} test tweets; mean +- std over seeds.\n",
-         "| setting | round 0 | final accuracy | seeds | per seed" + {"dp": " | epsilon (delta 1e-5) | uploads clipped |",
+         "| setting | round 0 | final accuracy | seeds | per seed" + {"dp": " | epsilon (delta 1e-5) | uploads clipped | "
+                                                                       "change vs its own clean run (pp, per seed) |",
                                                                  "dropout": " | dropped clients (total, mean over seeds) |"}.get(kind, " |"),
-         "|---|---|---|---|---|" + {"dp": "---|---|", "dropout": "---|"}.get(kind, "")]
+         "|---|---|---|---|---|" + {"dp": "---|---|---|", "dropout": "---|"}.get(kind, "")]
     if kind == "hostile":
         L.insert(2, "Hostile clients are clients 0..h-1 (sampled every round: fraction 1). FedAvg and FLITE start from the "
                     "task's random head; FedSPZO (the last two layers, split 1) from the federated probe's head. "
                     "Aggregate: `robust = mean` (the weighted mean) or `median` (coordinate-wise; per step for ZO "
                     "scalars).\n")
+    clean = {k.split("|")[0]: r for k, r in rows.items() if k.endswith("|clean")}
+
+    def delta(k, r):                     # per seed, against the same seed's clean run of the same method
+        c = clean.get(k.split("|")[0])
+        return [a - b for a, b in zip(r["finals"], c["finals"])] if c and len(c["finals"]) == len(r["finals"]) else []
     if kind == "dp":
-        for k, r in rows.items():
-            if k.endswith("|z=0") and r.get("norms"):
-                L.insert(2, f"{k.split('|')[0]}: the clients' update norms before clipping, median {np.median(r['norms']):.3f} "
-                            f"(min {min(r['norms']):.3f}, max {max(r['norms']):.3f}); clipped {np.mean(r['clipped']):.0%} "
-                            f"of {len(r['clipped'])} uploads at C = {DP_CLIP[k.split('|')[0]]}.\n")
-    if kind == "dp":                      # does FLITE keep more accuracy than LoRA at the same epsilon?
+        notes = [f"The clip of each method was fixed before any DP run from its clean runs' update norms (the median, "
+                 f"2 significant digits; a clip of {NEVER_BINDS:g} that never binds records them), never from test "
+                 "accuracy: " + "; ".join(f"{m}: median norm {c['median_norm']:.3f} over {c['norms']} uploads -> C = {c['C']:g}"
+                                          for m, c in (clips or {}).items() if c["C"]) + ".\n"]
         by_eps: dict = {}
         for k, r in rows.items():
             if r["eps"] and r["eps"][0] is not None and r["n"]:
-                by_eps.setdefault(round(r["eps"][0], 2), {}).setdefault(k.split("|")[0], []).append((r["mean"], k, r["finals"]))
-        out = []
-        for e, ms in sorted(by_eps.items()):
-            if {"FLITE", "FedAvg+LoRA"} <= set(ms):
-                (_, kf, f), (_, kl, l) = max(ms["FLITE"]), max(ms["FedAvg+LoRA"])
-                out.append(f"- epsilon {e:g}: {kf.replace('|', ' / ')} {np.mean(f):.3f} vs {kl.replace('|', ' / ')} "
-                           f"{np.mean(l):.3f}: FLITE higher **{verdict(f, l, a_lower=False)}**")
-        if out:
-            L[2:2] = ["FLITE above FedAvg+LoRA at the same epsilon, each method at the better of its two clips (picked "
-                      "by the mean, after the runs; rows without C use C = 0.5). Epsilon depends on the noise "
-                      "multiplier, the sampling rate and the rounds only, the same for both; what the dimension "
-                      "changes is the accuracy the noise leaves:\n"] + out + [""]
+                by_eps.setdefault(round(r["eps"][0], 2), {})[k.split("|")[0]] = (k, r)
+        for e, ms_ in sorted(by_eps.items()):
+            if {"FLITE", "FedAvg+LoRA"} <= set(ms_):
+                (kf, f), (kl, lo) = ms_["FLITE"], ms_["FedAvg+LoRA"]
+                df, dl = delta(kf, f), delta(kl, lo)
+                notes.append(f"- epsilon {e:g}: accuracy FLITE {f['mean']:.3f} vs FedAvg+LoRA {lo['mean']:.3f}: FLITE higher "
+                             f"**{verdict(f['finals'], lo['finals'], a_lower=False)}**; change vs its own clean run FLITE "
+                             f"{100 * np.mean(df):+.1f} pp vs FedAvg+LoRA {100 * np.mean(dl):+.1f} pp: FLITE loses less "
+                             f"**{verdict(df, dl, a_lower=False) if df and dl else 'not judged'}**")
+        L[2:2] = notes + ["", "Epsilon depends on the noise multiplier, the sampling rate and the rounds only, the same for "
+                                "both methods; what differs is the accuracy the noise leaves, and each method's clean accuracy "
+                                "differs too (FedAvg+LoRA's clean run is the weaker), so both columns are given.\n"]
     for k, r in rows.items():
         eps = "–" if not r["eps"] else ("inf (clip only)" if r["eps"][0] is None else f"{r['eps'][0]:.2f}")
         init = f"{np.mean(r['initial']):.3f}" if r["initial"] else "–"
         seeds = ", ".join(f"{x:.3f}" for x in r["finals"]) + (f"; {len(r['errors'])} failed" if r["errors"] else "")
         clipped = f"{np.mean(r['clipped']):.0%}" if r.get("clipped") else "–"
-        extra = {"dp": f" {eps} | {clipped} |", "dropout": f" {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |"}.get(kind, "")
+        d = delta(k, r) if not k.endswith("|clean") else []
+        dd = (f"{100 * np.mean(d):+.1f} ({', '.join(f'{100 * x:+.1f}' for x in d)})" if d else "–")
+        extra = {"dp": f" {eps} | {clipped} | {dd} |", "dropout": f" {np.mean(r['dropped']) if r['dropped'] else 0:.0f} |"}.get(kind, "")
         L.append(f"| {k.replace('|', ' / ')} | {init} | {r['mean']:.4f} +- {r['std']:.4f} | {r['n']} | {seeds} |{extra}")
     return "\n".join(L)
 

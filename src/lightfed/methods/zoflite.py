@@ -24,12 +24,18 @@ from lightfed.methods.zo_server import SeedReplay, TwoPoint
 
 
 @dataclass
-class Options(decomfl.Options, flite.LatentOptions):
+class LatentZO(flite.LatentOptions):
+    """FLITE's map for a zeroth-order method; listed first in an Options' bases, its check runs the ZO options' too."""
     r: int = 20                 # FLITE's rank (14,400 latents on MiniLM-L6), what zoflite_claims ran
 
     def check(self):
-        super().check()
+        super().check()         # the next options class in the MRO: the ZO method's
         self.check_latent()
+
+
+@dataclass
+class Options(LatentZO, decomfl.Options):
+    pass
 
 
 class ZOFLITE(SeedReplay):

@@ -15,20 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightfed.config import ConfigError
-from lightfed.methods import fedspzo, flite
+from lightfed.methods import fedspzo, flite, zoflite
 from lightfed.methods.zo_server import SeedReplay, Split
 from lightfed.models import latent
 from lightfed.models.split import split
 
 
 @dataclass
-class Options(fedspzo.Options, flite.LatentOptions):
+class Options(zoflite.LatentZO, fedspzo.Options):
     down: str = "seeds"         # DeComFL's seed-only downlink (model: z to everyone)
-    r: int = 20
-
-    def check(self):
-        super().check()
-        self.check_latent()
 
 
 class ZOFLITESplit(SeedReplay):
