@@ -47,7 +47,7 @@ def test_directions_are_seeded_and_leave_the_global_rng_alone():
     assert not torch.equal(a, zo.direction(5, 1, (3, 1000))) and not torch.equal(a, zo.direction(6, 0, (3, 1000)))
     assert torch.equal(torch.get_rng_state(), state)
     assert abs(a.mean().item()) < 0.05 and abs(a.std().item() - 1) < 0.05
-    assert torch.equal(zo.direction(5, 0, (3, 1000), fast=True), zo.direction(5, 0, (3, 1000), fast=True))
+    assert torch.equal(zo.direction(5, 0, (3, 1000), draw="fast"), zo.direction(5, 0, (3, 1000), draw="fast"))
 
 
 def _explicit_loss(model, params, seed, scale, loss):
@@ -251,7 +251,7 @@ def test_fedspzo_independent_estimates_the_ablation():
     with torch.no_grad():
         y = m2.step.sp.f1(batch)
         g, _, _ = zo.two_point(lambda: m2.step.sp.f2_loss(y, batch), fresh, m2.block_params["theta2"],
-                               zo.derive(m.round_seed(1), 0, 2, 0), 1e-3, m2.owner_map, m2.fast)
+                               zo.derive(m.round_seed(1), 0, 2, 0), 1e-3, m2.owner_map, m2.draw)
     assert f["g2"][0, 0].item() == zo.f32(g)
 
 

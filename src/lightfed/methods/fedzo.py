@@ -47,30 +47,30 @@ class Options:
     b2: int = 4                 # directions per local step
     mu: float = 1e-3            # smoothing radius (forward-difference step on the unit sphere)
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names (as MeZO)
-    z: str = "portable"         # portable | fast (see optim/zeroth_order.direction)
+    z: str = "portable"         # portable | fast | counter (see optim/zeroth_order.direction)
 
     def check(self):
         if self.b2 < 1:
             raise ConfigError(f"b2 = {self.b2}: need at least one direction per step")
         if not self.mu > 0:
             raise ConfigError(f"mu = {self.mu}: must be > 0")
-        if self.z not in ("portable", "fast"):
-            raise ConfigError(f"z = {self.z!r}: use portable or fast")
+        if self.z not in zo.DRAWS:
+            raise ConfigError(f"z = {self.z!r}: use one of {', '.join(zo.DRAWS)}")
 
 
 @torch.no_grad()
-def direction_norm(params: zo.Params, seed: int, fast: bool = False) -> float:
+def direction_norm(params: zo.Params, seed: int, draw: str = "portable") -> float:
     """||z|| over all tensors of the block, z = zeroth_order.direction(seed, i, ...) (as perturbed draws it)."""
     sq = 0.0
     for i, p in enumerate(params.values()):
-        z = zo.direction(seed, i, p.shape, fast)
+        z = zo.direction(seed, i, p.shape, draw, p.device)
         sq += float(torch.linalg.vector_norm(z.to(p.dtype), dtype=torch.float64) ** 2)
     return math.sqrt(sq)
 
 
 @torch.no_grad()
 def forward_difference(loss, model, params: zo.Params, seeds: list[int], mu: float, owner_map=None,
-                       fast: bool = False) -> tuple[float, list[tuple[int, float, float]]]:
+                       draw: str = "portable") -> tuple[float, list[tuple[int, float, float]]]:
     """FedZO's estimate at the current weights, as coefficients on the raw Gaussian directions:
     g = d / (b2 mu) sum_j (L(theta + mu u_j) - L0) u_j = sum_j c_j z_j,  u_j = z_j / ||z_j||,
     c_j = d (L_j - L0) / (b2 mu ||z_j||).   Returns (L0, [(seed_j, c_j, L_j)])."""
@@ -78,8 +78,8 @@ def forward_difference(loss, model, params: zo.Params, seeds: list[int], mu: flo
     L0 = loss().double().item()
     out = []
     for s in seeds:
-        nz = direction_norm(params, s, fast)
-        with zo.perturbed(model, params, s, mu / nz, owner_map, fast):
+        nz = direction_norm(params, s, draw)
+        with zo.perturbed(model, params, s, mu / nz, owner_map, draw):
             Lj = loss().double().item()
         out.append((s, d * (Lj - L0) / (len(seeds) * mu * nz), Lj))
     return L0, out
@@ -91,8 +91,8 @@ class FedZO(Method):
     lr = 1e-5                   # DeComFL's (the same expectation of the step; benchmarks/zoflite_claims.py)
 
     @property
-    def fast(self) -> bool:
-        return self.opts.z == "fast"
+    def draw(self) -> str:
+        return self.opts.z
 
     # 1. parameterization: the chosen trainable weights, sent in full both ways (Method's schemas)
     def prepare(self, model):
@@ -124,9 +124,9 @@ class FedZO(Method):
                         meas = self.measure(model, b, ctx.loss)
                     step_seeds = [int(s) for s in torch.randint(0, 2**62, (o.b2,), generator=seeds)]
                     L0, coefs = forward_difference(lambda: ctx.loss(model, b), model, params, step_seeds, o.mu,
-                                                   owner_map, self.fast)
+                                                   owner_map, self.draw)
                     for s, cj, _ in coefs:               # theta <- theta - lr g, g = sum_j c_j z_j
-                        zo.apply_update(params, s, lr * cj, self.fast)
+                        zo.apply_update(params, s, lr * cj, self.draw)
                     loss_sum += L0
                     samples += size(b)
         finally:

@@ -22,7 +22,7 @@ class Options:
     eps: float = 1e-3           # perturbation scale
     trainable: str = "all"      # "all", or comma-separated substrings of parameter names
     max_steps: int = 100_000    # the server refuses uploads claiming more local steps (replay cost)
-    z: str = "portable"         # portable: same z on any CPU; fast: ~4x faster draws, like CPUs only
+    z: str = "portable"         # portable: same z on any CPU; fast: ~4x faster, like CPUs only; counter: on the device, the same everywhere
     down: str = "model"         # model | seeds (records of mean scalars for clients holding an earlier model)
 
     def check(self):

@@ -55,8 +55,8 @@ def check_common(o):
         raise ConfigError(f"eps = {o.eps}: must be > 0")
     if o.max_steps < 1:
         raise ConfigError(f"max_steps = {o.max_steps}: must be >= 1")
-    if o.z not in ("portable", "fast"):
-        raise ConfigError(f"z = {o.z!r}: use portable or fast")
+    if o.z not in zo.DRAWS:
+        raise ConfigError(f"z = {o.z!r}: use one of {', '.join(zo.DRAWS)}")
     if o.down not in DOWNS:
         raise ConfigError(f"down = {o.down!r}: use model or seeds")
 
@@ -97,7 +97,7 @@ class TwoPoint:
         row, losses = [], []
         for p in range(self.P):
             g, lp, lm = zo.two_point(lambda: loss(model, batch), model, m.block_params["all"], zo.derive(rs, k, 0, p),
-                                     self.eps, m.owner_map, m.fast, m.in_place)
+                                     self.eps, m.owner_map, m.draw, m.in_place)
             row.append(zo.f32(g))
             losses += [lp, lm]
         return {"g": row}, losses, {"fwd": 2 * self.P}
@@ -165,7 +165,7 @@ class Split:
                     for q in range(self.Ps):
                         j = (2 * a + i) * self.Ps + q
                         g, lp, lm = zo.two_point(lambda: sp.f2_loss(y, batch), model, th2, zo.derive(rs, k, 2, j), eps,
-                                                 m.owner_map, m.fast, m.in_place)
+                                                 m.owner_map, m.draw, m.in_place)
                         g2[j] = zo.f32(g)
                         ls += [lp, lm]
                     del y
@@ -180,13 +180,13 @@ class Split:
         g1, g2, losses = [], [], []
         for a in range(self.P1):                 # theta1 alone, through the whole model
             g, lp, lm = zo.two_point(lambda: sp.f2_loss(sp.f1(batch), batch), model, th1, zo.derive(rs, k, 1, a), eps,
-                                     m.owner_map, m.fast, m.in_place)
+                                     m.owner_map, m.draw, m.in_place)
             g1.append(zo.f32(g))
             losses += [lp, lm]
         y = sp.f1(batch)                          # theta2 alone, on the unperturbed boundary
         for j in range(2 * self.P1 * self.Ps):
             g, lp, lm = zo.two_point(lambda: sp.f2_loss(y, batch), model, th2, zo.derive(rs, k, 2, j), eps,
-                                     m.owner_map, m.fast, m.in_place)
+                                     m.owner_map, m.draw, m.in_place)
             g2.append(zo.f32(g))
             losses += [lp, lm]
         return {"g1": g1, "g2": g2}, losses, {"f1": 2 * self.P1 + 1, "f2": 2 * self.P1 + 4 * self.P1 * self.Ps}
@@ -239,7 +239,7 @@ class SeedReplay(Method):
 
     def perturb(self, model, params, seed, scale):
         """The context a perturbed forward runs in (zo.perturbation, as this method's options say)."""
-        return zo.perturbation(model, params, seed, scale, self.owner_map, self.fast, self.in_place)
+        return zo.perturbation(model, params, seed, scale, self.owner_map, self.draw, self.in_place)
 
     def blocks(self) -> dict[str, list[str]]:
         return self.layout
@@ -266,8 +266,8 @@ class SeedReplay(Method):
         self.step.bind(model, self.cfg.task)
 
     @property
-    def fast(self) -> bool:
-        return self.opts.z == "fast"
+    def draw(self) -> str:
+        return self.opts.z
 
     @property
     def seeds_down(self) -> bool:
@@ -369,7 +369,7 @@ class SeedReplay(Method):
                     for kind, m in fwds.items():
                         fwd_samples[kind] = fwd_samples.get(kind, 0) + m * size(b)
                     for blk, seed, coef in self.step_updates(rs, k, row):
-                        zo.apply_update(self.block_params[blk], seed, coef, self.fast)
+                        zo.apply_update(self.block_params[blk], seed, coef, self.draw)
                     loss_sum += sum(losses) / len(losses)
                     samples += size(b)
         finally:
@@ -397,7 +397,7 @@ class SeedReplay(Method):
         out = {n: state[n].detach().clone() for n in self.names}
         views = self.views(out)
         for block, seed, coef in self.updates_of(rnd, fields):
-            zo.apply_update(views[block], seed, coef, self.fast)
+            zo.apply_update(views[block], seed, coef, self.draw)
         return out
 
     def validate(self, state, fields, rnd):

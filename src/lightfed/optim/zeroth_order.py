@@ -7,8 +7,9 @@ rounded to float32: torch's float32 `randn` has a vectorised AVX2 path that give
 numbers than its default path (checked: ATEN_CPU_CAPABILITY=default vs avx2 differ), while the
 float64 path is the same on both, so a server on another CPU regenerates the very same z.
 That portability costs time: ~40 ns per draw on one core vs ~10 ns for float32 (22.7M draws,
-MiniLM: ~1 s vs ~0.25 s), and drawing z dominates a CPU ZO step. `fast=True` (methods: z="fast")
-takes the float32 path: for simulations and fleets of like CPUs.
+MiniLM: ~1 s vs ~0.25 s), and drawing z dominates a CPU ZO step. `draw="fast"` (methods: z="fast")
+takes the float32 path: for simulations and fleets of like CPUs; `draw="counter"` (z="counter") draws on the
+parameter's device with a counter-based generator in integer arithmetic, the same numbers everywhere (for GPUs).
 z is built on the CPU, then moved to the parameter's device and dtype.
 
 Perturbed forward: `perturbed(model, params, seed, scale)` evaluates the model at
@@ -46,9 +47,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 from lightfed.data.tensors import Data, batches, size
-from lightfed.seeds import derive, normal  # noqa: F401  (derive is re-exported)
+from lightfed.seeds import counter_normal, derive, normal  # noqa: F401  (derive is re-exported)
 
 Params = dict[str, torch.Tensor]
+DRAWS = ("portable", "fast", "counter")
 
 
 # --- seeds and directions ------------------------------------------------------------------------
@@ -57,16 +59,21 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def direction(seed: int, index: int, shape, fast: bool = False) -> torch.Tensor:
-    """z ~ N(0, I) of `shape`, float32 on the CPU, for parameter `index` of a block perturbed with `seed`
-    (lightfed.seeds.normal: portable across CPUs; fast=True: ~4x faster, like CPUs only — a server on
-    another kind of CPU then refuses every upload (digest mismatch) rather than aggregating wrongly)."""
-    return normal(shape, derive(seed, index), fast)
+def direction(seed: int, index: int, shape, draw: str = "portable", device=None) -> torch.Tensor:
+    """z of `shape`, float32, for parameter `index` of a block perturbed with `seed`. draw:
+      portable  N(0, I), float64 draws on the CPU rounded (lightfed.seeds.normal): the same on every CPU
+      fast      torch's float32 draw on the CPU, ~4x faster, like CPUs only (a server on another kind of CPU then
+                refuses every upload: digest mismatch, rather than aggregating wrongly)
+      counter   a counter-based draw in integer arithmetic made on `device` (lightfed.seeds.counter_normal): the
+                same numbers on every CPU and GPU, at device speed"""
+    if draw == "counter":
+        return counter_normal(shape, derive(seed, index), device)
+    return normal(shape, derive(seed, index), draw == "fast")
 
 
-def _z_like(seed: int, index: int, p: torch.Tensor, fast: bool = False) -> torch.Tensor:
-    z = direction(seed, index, p.shape, fast)
-    return z if (p.device.type == "cpu" and p.dtype == torch.float32) else z.to(p.device, p.dtype)
+def _z_like(seed: int, index: int, p: torch.Tensor, draw: str = "portable") -> torch.Tensor:
+    z = direction(seed, index, p.shape, draw, p.device)
+    return z if (z.device == p.device and p.dtype == torch.float32) else z.to(p.device, p.dtype)
 
 
 # --- perturbed forward ---------------------------------------------------------------------------
@@ -87,8 +94,8 @@ class perturbed:
     Nothing is written to the stored weights (see the module docstring for how and what it costs).
     Contexts on disjoint blocks nest (FedSPZO keeps theta1's open while it perturbs theta2)."""
 
-    def __init__(self, model: nn.Module, params: Params, seed: int, scale: float, owner_map=None, fast: bool = False):
-        self.model, self.seed, self.scale, self.fast = model, seed, float(scale), fast
+    def __init__(self, model: nn.Module, params: Params, seed: int, scale: float, owner_map=None, draw: str = "portable"):
+        self.model, self.seed, self.scale, self.draw = model, seed, float(scale), draw
         self.index = {id(p): i for i, p in enumerate(params.values())}
         self.owner_map = owner_map if owner_map is not None else owners(model)
         self.shared = {pid for pid in self.index if len(self.owner_map.get(pid, ())) > 1}
@@ -100,7 +107,7 @@ class perturbed:
         pid = id(p)
         if pid in self.held:
             return self.held[pid]
-        v = _z_like(self.seed, self.index[pid], orig, self.fast).mul_(self.scale).add_(orig)
+        v = _z_like(self.seed, self.index[pid], orig, self.draw).mul_(self.scale).add_(orig)
         if pid in self.shared:
             self.held[pid] = v
         return v
@@ -148,15 +155,15 @@ class shifted:
     (slices) of z, and FedSPZO's f2, which calls the last layers without the root's forward, still sees the
     shift. Memory: a copy of the block (K floats), not of any weight."""
 
-    def __init__(self, params: Params, seed: int, scale: float, fast: bool = False):
-        self.params, self.seed, self.scale, self.fast = params, seed, float(scale), fast
+    def __init__(self, params: Params, seed: int, scale: float, draw: str = "portable"):
+        self.params, self.seed, self.scale, self.draw = params, seed, float(scale), draw
 
     def __enter__(self):
         self._grad = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         self.saved = [p.detach().clone() for p in self.params.values()]
         for i, p in enumerate(self.params.values()):
-            p.add_(_z_like(self.seed, i, p, self.fast).mul_(self.scale))
+            p.add_(_z_like(self.seed, i, p, self.draw).mul_(self.scale))
         return self
 
     def __exit__(self, *exc):
@@ -169,43 +176,43 @@ class shifted:
 
 @torch.no_grad()
 def two_point(loss: Callable[[], torch.Tensor], model: nn.Module, params: Params, seed: int, eps: float,
-              owner_map=None, fast: bool = False, in_place: bool = False) -> tuple[float, float, float]:
+              owner_map=None, draw: str = "portable", in_place: bool = False) -> tuple[float, float, float]:
     """Central estimate of the directional derivative along z(seed):
     g = (L(theta + eps z) - L(theta - eps z)) / (2 eps).   Returns (g, L+, L-) as Python floats.
     in_place: through `shifted` (small blocks, views of FLITE's z) instead of `perturbed`'s hooks."""
-    with perturbation(model, params, seed, +eps, owner_map, fast, in_place):
+    with perturbation(model, params, seed, +eps, owner_map, draw, in_place):
         lp = loss().double().item()
-    with perturbation(model, params, seed, -eps, owner_map, fast, in_place):
+    with perturbation(model, params, seed, -eps, owner_map, draw, in_place):
         lm = loss().double().item()
     return (lp - lm) / (2 * eps), lp, lm
 
 
-def perturbation(model: nn.Module, params: Params, seed: int, scale: float, owner_map=None, fast: bool = False,
+def perturbation(model: nn.Module, params: Params, seed: int, scale: float, owner_map=None, draw: str = "portable",
                  in_place: bool = False):
     """The context a perturbed forward runs in: `perturbed` (hooks on the owners: nothing written, for weights)
     or, in_place, `shifted` (small blocks written and restored: views of FLITE's z)."""
-    return shifted(params, seed, scale, fast) if in_place else perturbed(model, params, seed, scale, owner_map, fast)
+    return shifted(params, seed, scale, draw) if in_place else perturbed(model, params, seed, scale, owner_map, draw)
 
 
 # --- updates and replay --------------------------------------------------------------------------
 @torch.no_grad()
-def apply_update(params: Params, seed: int, coef: float, fast: bool = False) -> None:
+def apply_update(params: Params, seed: int, coef: float, draw: str = "portable") -> None:
     """theta_i <- theta_i - coef * z_i(seed) for every tensor of `params`, in place, in order.
     The client's step and the server's replay both call this: same numbers, bit for bit."""
     c = f32(coef)
     for i, p in enumerate(params.values()):
-        p.sub_(_z_like(seed, i, p, fast).mul_(c))
+        p.sub_(_z_like(seed, i, p, draw).mul_(c))
 
 
 Update = tuple[str, int, float]   # (block name, direction seed, coef = lr * g / P)
 
 
 @torch.no_grad()
-def replay(state: Params, blocks: dict[str, list[str]], updates: list[Update], fast: bool = False) -> Params:
+def replay(state: Params, blocks: dict[str, list[str]], updates: list[Update], draw: str = "portable") -> Params:
     """A copy of `state` after the updates, applied in order to the named blocks."""
     out = {k: v.detach().clone() for k, v in state.items()}
     for block, seed, coef in updates:
-        apply_update({n: out[n] for n in blocks[block]}, seed, coef, fast)
+        apply_update({n: out[n] for n in blocks[block]}, seed, coef, draw)
     return out
 
 
