@@ -42,6 +42,8 @@ RECIPE = [
     ("3 late layers, gate 0.1, beta bias -2 (slower writes)", {"layers": "17,23,29", "gate": 0.1, "beta_bias": -2.0}, {}),
     ("3 late layers, gate 0.1, key rank 32", {"layers": "17,23,29", "gate": 0.1, "r_k": 32}, {}),
     ("3 late layers, gate 0.1, 8-chunk training streams", {"layers": "17,23,29", "gate": 0.1}, {"train_chunks": 8}),
+    ("5 layers spread evenly, gate 0.1", {"layers": "auto", "n_layers": 5, "gate": 0.1}, {}),
+    ("5 layers spread evenly, gate 0.1, gate lr 10x", {"layers": "auto", "n_layers": 5, "gate": 0.1, "gate_lr": 0.1}, {}),
 ]
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 12, "local_steps": 20, "task": TASK,

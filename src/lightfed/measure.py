@@ -55,15 +55,21 @@ def rss_bytes() -> int | None:
 
 
 class PeakRSS:
-    """with PeakRSS() as m: work()   ->  m.peak (bytes), m.rise (peak - RSS at entry)."""
+    """with PeakRSS() as m: work()   ->  m.peak (bytes), m.rise (peak - RSS at entry); on a CUDA device also
+    m.device_peak: the allocator's high-water mark during the work (torch.cuda.max_memory_allocated), else None."""
+
+    def __init__(self, device: torch.device | None = None):
+        self.device = device if device is not None and device.type == "cuda" else None
 
     def __enter__(self):
         try:
             _CLEAR.write_text("5")     # reset VmHWM to the current RSS
         except OSError:
             pass
+        if self.device is not None:
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.start = rss_bytes()
-        self.peak = self.rise = None
+        self.peak = self.rise = self.device_peak = None
         return self
 
     def __exit__(self, *exc):
@@ -71,6 +77,8 @@ class PeakRSS:
         if kb is not None and self.start is not None:
             self.peak = kb * 1024
             self.rise = max(0, self.peak - self.start)
+        if self.device is not None:
+            self.device_peak = torch.cuda.max_memory_allocated(self.device)
         return False
 
 

@@ -119,7 +119,8 @@ def run_simulation(cfg: C.RunConfig, *, faults=(), log=print, resume: bool = Fal
         flwr_run_simulation(
             server_app=server_app, client_app=client_app, num_supernodes=cfg.clients,
             backend_config={"client_resources": {"num_cpus": opts.client_cpus, "num_gpus": opts.client_gpus},
-                            "init_args": {"num_cpus": opts.sim_cpus or os.cpu_count() or 1, "num_gpus": 0,
+                            "init_args": {"num_cpus": opts.sim_cpus or os.cpu_count() or 1,
+                                          "num_gpus": torch.cuda.device_count() if opts.client_gpus > 0 else 0,
                                           "include_dashboard": False, "logging_level": logging.WARNING}})
     if "summary" not in result:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")

@@ -215,7 +215,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
                 continue
             ctx = ClientContext(cid, rnd, derive_seed(cfg.seed, rnd, cid), cfg, task.loss, client_states.setdefault(cid, {}))
             data = subset(task.train, S.shards[cid])
-            with clock("client"), PeakRSS() as mem:
+            with clock("client"), PeakRSS(device.resolve(cfg.device)) as mem:
                 up, stats = P.client_round(method, model, down, data, ctx, cfg.max_message_bytes)
             if cfg.secagg:                         # the masked input replaces the plain upload
                 with clock("secagg"):
@@ -224,7 +224,8 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
                 up = tamper(rnd, cid, up)
             uploads.append((cid, up))
             rec["clients"].append({"id": cid, "up": len(up), "down": len(down), "rss_peak": mem.peak,
-                                   "rss_rise": mem.rise, **stats})
+                                   "rss_rise": mem.rise, **({"device_peak": mem.device_peak} if mem.device_peak else {}),
+                                   **stats})
             bar.update(1)
         state = close_round(S, state, uploads, rnd, rec, clock, history, client_states, out, bar, log,
                             sec if cfg.secagg else None)
@@ -376,6 +377,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
         "dropped_by_round": {str(h["round"]): [d["id"] for d in h["dropped"]] for h in rounds if h.get("dropped")},
         "clients_per_round": _mean([h["accepted"] for h in rounds]),
         "memory": {"client_rss_peak_bytes": max((c["rss_peak"] or 0) for c in clients) if clients else None,
+                   "client_device_peak_bytes": max((c.get("device_peak") or 0) for c in clients) or None if clients else None,
                    "client_rss_rise_bytes": max((c["rss_rise"] or 0) for c in clients) if clients else None,
                    "client_accounted_bytes": max((sum(c["memory_accounted"].values()) for c in clients
                                                   if "memory_accounted" in c), default=None),

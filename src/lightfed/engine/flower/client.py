@@ -4,13 +4,15 @@ state lives on its node (Flower's Context, or files in engine_options.client_sta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from lightfed import config as C
-from lightfed.engine.flower.config import META, REC, SECAGG_REC, STATE_REC, Options, config_from_run_config, digest, options
+from lightfed.engine.flower.config import (META, NODE_DEVICE, REC, SECAGG_REC, STATE_REC, Options, config_from_run_config,
+                                           digest, options)
 from lightfed.engine.flower.faults import inject
 from lightfed.engine.flower.records import pack_stats
 from lightfed.engine.flower.train import setup, train_core
@@ -105,6 +107,8 @@ def client_train(msg: Message, context: Context, cfg: C.RunConfig | None, faults
     if pid is not None and pid != cid:
         raise RuntimeError(f"message for client {cid} reached the node of partition-id {pid}")
     opts = options(cfg)
+    if NODE_DEVICE in context.node_config:          # this node's own device (the messages do not depend on it)
+        cfg = dataclasses.replace(cfg, device=str(context.node_config[NODE_DEVICE]))
     if opts.node_worker:       # the model lives in the node's worker; this process imports no torch
         from lightfed.engine.flower import node_worker as W
         state_blob = _client_state_blob(context, cid, rnd, opts)

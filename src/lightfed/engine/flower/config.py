@@ -16,6 +16,8 @@ META = "lightfed-meta"                 # round, client id, config digest (apart:
                                        # same object for every client, which Flower stores and ships once)
 RESUME_KEY = "lightfed-resume"         # run config: true = continue the run in lightfed-out from its checkpoint
 STATE_REC = "lightfed-client-state"    # Context.state record holding a client's ClientContext.state
+NODE_DEVICE = "lightfed-device"        # node config (flower-supernode --node-config "lightfed-device='cuda:0'"): this
+                                       # node's device, over the run's (a mixed fleet of CPU and GPU nodes)
 SECAGG_REC = "lightfed-secagg"         # Context.state record holding a client's secure-aggregation secrets (this round)
 
 
@@ -40,6 +42,10 @@ class Options:
     def check(self):
         if not self.client_cpus > 0 or self.client_gpus < 0 or self.sim_cpus < 0:
             raise C.ConfigError("engine_options: client_cpus must be > 0, client_gpus and sim_cpus >= 0")
+        if self.client_gpus > 0:
+            import torch
+            if not torch.cuda.is_available():
+                raise C.ConfigError(f"engine_options: client_gpus = {self.client_gpus:g}, but torch sees no CUDA device")
         if self.client_threads < 1 or self.server_threads < 0:
             raise C.ConfigError("engine_options: client_threads must be >= 1, server_threads >= 0")
         if self.round_timeout < 0 or self.node_wait < 0:
@@ -58,9 +64,10 @@ def options(cfg: C.RunConfig) -> Options:
 
 
 def _client_view(cfg: C.RunConfig) -> dict:
-    """What a client's work depends on: everything but where results go and the progress bar."""
+    """What a client's work depends on: everything but where results go, the progress bar and the device (a node may
+    compute on its own: the messages are the same bytes)."""
     d = cfg.to_dict()
-    d.pop("out"), d.pop("progress")
+    d.pop("out"), d.pop("progress"), d.pop("device")
     return d
 
 

@@ -47,9 +47,11 @@ def train_core(cfg: C.RunConfig, rnd: int, cid: int, down: bytes, state: dict) -
     ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
     data = subset(S.task.train, S.shards[cid])
     t = time.perf_counter()
-    with PeakRSS() as mem:
+    from lightfed import device
+    with PeakRSS(device.resolve(cfg.device)) as mem:
         up, stats = P.client_round(S.method, S.model, down, data, ctx, cfg.max_message_bytes)
     measure = {"seconds": time.perf_counter() - t, "build_seconds": build_s,
-               **{k: v for k, v in (("rss_peak", mem.peak), ("rss_rise", mem.rise), ("process_age", _process_age()))
+               **{k: v for k, v in (("rss_peak", mem.peak), ("rss_rise", mem.rise), ("device_peak", mem.device_peak),
+                                    ("process_age", _process_age()))
                   if v is not None}}
     return up, ctx.state, stats, measure
