@@ -145,3 +145,15 @@ def test_a_zeroth_order_run_with_counter_draws_replays_and_learns(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["accepted"] == len(r["clients"]) and not r["rejected"] for r in recs[1:])
     assert np.isfinite(s["final"])
+
+
+@pytest.mark.parametrize("name", list(methods.METHODS))
+def test_every_method_runs_a_round_on_the_synthetic_twins_that_need_no_asset(name):
+    """The `synthetic` task (random data on the tiny twins, no asset) is what scripts/gpu_check.sh runs on a GPU
+    machine that has none of lightfed's assets: every method must run there."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "benchmarks"))
+    import gpu_check
+    for kind in [gpu_check.KIND.get(name, "lm")] + (["image"] if name in gpu_check.CONV else []):
+        r = gpu_check._round(name, kind, "cpu")
+        assert r["accepted"] == 1 and len(r["up"]) > 0

@@ -139,7 +139,7 @@ def split(model: nn.Module, task: str, n: int = 1) -> Split:
         L = len(layers)
         _check_n(n, L, "decoder layers")
         cut = layers[L - n]
-        if task == "austen":
+        if task in ("austen", "synthetic"):
             def f1(b):
                 return _capture(cut, lambda: model.model(input_ids=b["input_ids"], use_cache=False))
 

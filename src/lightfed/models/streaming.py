@@ -146,6 +146,7 @@ def generate(model, ids: torch.Tensor, window: int, max_new: int, eos: int | Non
     writing token by token while it answers."""
     from transformers import DynamicCache
 
+    ids = ids.to(model.lm_head.weight.device)
     cuts = _cut(ids.shape[1], window)
     new = []
     span = memory_span(model)
@@ -161,5 +162,5 @@ def generate(model, ids: torch.Tensor, window: int, max_new: int, eos: int | Non
             if t == eos:
                 break
             new.append(t)
-            logits = model(input_ids=torch.tensor([[t]]), cache=cache, use_cache=True).logits[0, -1]
+            logits = model(input_ids=torch.tensor([[t]], device=ids.device), cache=cache, use_cache=True).logits[0, -1]
     return new

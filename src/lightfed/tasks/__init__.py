@@ -12,6 +12,7 @@ one line here; the engine does not change.
 | niah       | RULER-style needles in Austen haystacks     | SmolLM2-135M, streamed in local windows    | accuracy   |
 | passkey    | a pass key in an Austen haystack, streamed  | SmolLM2-135M, local windows (or full attn) | exact match|
 | textclf    | the user's own file of labelled texts       | all-MiniLM-L6-v2 (or --model) + head       | accuracy   |
+| synthetic  | random data, no asset (checks, GPU machines)| the tiny twins (Llama, BERT, ResNet-18)    | either     |
 `tiny = true` swaps the backbone for a random twin of a few thousand weights (tests only).
 """
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 
 from lightfed.config import ConfigError, check_options
-from lightfed.tasks import austen, fmnist, niah, passkey, psentiment, sentiment, textclf, trivia
+from lightfed.tasks import austen, fmnist, niah, passkey, psentiment, sentiment, synthetic, textclf, trivia
 from lightfed.tasks.base import Task  # noqa: F401  (the record every task builds)
 
-TASKS = {m.__name__.rsplit(".", 1)[-1]: m for m in (sentiment, psentiment, trivia, austen, fmnist, niah, passkey, textclf)}
+TASKS = {m.__name__.rsplit(".", 1)[-1]: m for m in (sentiment, psentiment, trivia, austen, fmnist, niah, passkey, textclf, synthetic)}
 
 
 def options(name: str, given: dict):

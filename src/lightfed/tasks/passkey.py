@@ -81,6 +81,7 @@ def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, bat
     """1.0 per stream whose every answer digit is the argmax (teacher forcing), else 0.0. window 0: one chunk (full
     attention). reset: the memory emptied at every chunk (the control)."""
     from lightfed.models import streaming
+    dev = model.lm_head.weight.device
     out = [0.0] * len(ss)
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(ss):
@@ -88,8 +89,8 @@ def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, bat
     for T, idx in sorted(by_len.items()):
         for j in range(0, len(idx), batch):
             rows = idx[j:j + batch]
-            ids = torch.stack([ss[i].ids for i in rows])                                  # (B, T)
-            tgt = torch.stack([ss[i].targets for i in rows])
+            ids = torch.stack([ss[i].ids for i in rows]).to(dev)                          # (B, T)
+            tgt = torch.stack([ss[i].targets for i in rows]).to(dev)
             h = streaming.hidden(model, ids, window or T, targets=tgt, reset=reset)       # (B, T, d)
             sel = tgt[:, 1:]
             pred = model.lm_head(h[:, :-1][sel]).argmax(-1).view(len(rows), -1)           # (B, digits)

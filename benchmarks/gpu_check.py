@@ -1,0 +1,207 @@
+"""The GPU check (issue 23): what a person with a CUDA GPU for a few minutes runs, needing no lightfed asset.
+
+    bash scripts/gpu_check.sh                      # on the GPU machine (sets up a venv on its own torch, then this)
+    python benchmarks/gpu_check.py --device cpu    # a dry run here: every part on the CPU, at small sizes
+
+Parts (each timed; the whole under 8 minutes on one GPU), written to benchmarks/results/gpu_check.{json,md}:
+1. methods  every method one round on the synthetic tiny twins (task `synthetic`: random data, no asset) on the
+            device, and the same round on the CPU: did it run, and are the messages the CPU's bytes?
+2. replay   zeroth order across devices: a client trains on the device (directions `portable` and `counter`), a
+            server on the CPU replays its scalars: accepted (digest equal) or refused; counter draws bit-equal.
+3. stream   FedNL on SmolLM2-135M's architecture (random weights: no download) streaming 1K..16K tokens in 512-token
+            chunks on the device: peak device memory (flat?) and tokens/s.
+4. speed    tokens/s of forward and forward+backward on that architecture, fp32 and bf16, on the device and on this
+            machine's CPU side by side (batch 4 x 512 tokens; the CPU with a shorter batch).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import meta, write  # noqa: E402
+
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
+               rms_norm_eps=1e-5)          # SmolLM2-135M's architecture (its config.json), random weights
+KIND = {"vera": "clf", "probe": "clf"}     # every other method on the LM twin
+CONV = ("fedavg", "flite", "lora", "topk", "powersgd")   # ... and these on the ResNet-18 twin too
+
+
+def _round(name: str, kind: str, dev: str, dtype: str = "fp32") -> dict:
+    from lightfed import config as C, device, methods
+    from lightfed.data.tensors import subset
+    from lightfed.engine import protocol as P
+    from lightfed.methods.base import ClientContext
+    from lightfed.models.backbones import seeded
+    from lightfed.tasks import synthetic
+    cfg = C.from_dict({"task": "synthetic", "method": name, "clients": 2, "batch_size": 8, "local_steps": 2, "lr": 1e-3,
+                       "device": dev, "dtype": dtype, "task_options": {"kind": kind}})
+    T = synthetic.build(synthetic.Options(kind=kind), 0)
+    m = methods.build(cfg)
+    with seeded(0):
+        model = device.place(m.prepare(copy.deepcopy(T.model)), dev, dtype)
+    state = m.init_state(model)
+    down = P.broadcast(m, state, 1)
+    t = time.perf_counter()
+    up, stats = P.client_round(m, model, down, subset(T.train, range(16)), ClientContext(0, 1, 5, cfg, T.loss, {}),
+                               cfg.max_message_bytes)
+    new, report = P.aggregate(m, state, [(0, up)], 1, max_bytes=cfg.max_message_bytes)
+    return {"up": up, "down": down, "seconds": time.perf_counter() - t, "accepted": report["accepted"]}
+
+
+def part_methods(dev: str) -> list[dict]:
+    from lightfed import methods
+    rows = []
+    for name in methods.METHODS:
+        for kind in ([KIND.get(name, "lm")] + (["image"] if name in CONV else [])):
+            r = {"method": name, "task": f"synthetic/{kind}"}
+            try:
+                g, c = _round(name, kind, dev), _round(name, kind, "cpu")
+                r.update(ok=g["accepted"] == 1, seconds=g["seconds"], cpu_seconds=c["seconds"], up_bytes=len(g["up"]),
+                         same_down=g["down"] == c["down"], same_up=g["up"] == c["up"])
+            except Exception as e:  # noqa: BLE001 - reported, the check goes on
+                r.update(ok=False, error=repr(e)[:300])
+            rows.append(r)
+            print(f"[gpu_check] {name} {kind}: {r}", file=sys.stderr, flush=True)
+    return rows
+
+
+def part_replay(dev: str) -> list[dict]:
+    from lightfed import config as C, device, methods, seeds
+    from lightfed.data.tensors import subset
+    from lightfed.engine import protocol as P
+    from lightfed.methods.base import ClientContext
+    from lightfed.tasks import synthetic
+    rows = []
+    z = seeds.counter_normal((3, 100_003), 77)
+    rows.append({"check": "counter draws on the device == on the CPU",
+                 "ok": bool(torch.equal(seeds.counter_normal((3, 100_003), 77, dev).cpu(), z))})
+    for name, draw in (("decomfl", "portable"), ("decomfl", "counter"), ("fedspzo", "counter"), ("zoflite", "counter")):
+        T = synthetic.build(synthetic.Options(kind="lm"), 0)
+        mk = lambda d: C.from_dict({"task": "synthetic", "method": name, "clients": 2, "batch_size": 8, "local_steps": 3,   # noqa: E731
+                                    "lr": 1e-3, "device": d, "method_options": {"z": draw}, "task_options": {"kind": "lm"}})
+        client, server = methods.build(mk(dev)), methods.build(mk("cpu"))
+        cm = device.place(client.prepare(copy.deepcopy(T.model)), dev, "fp32")
+        server.prepare(copy.deepcopy(T.model))
+        state = client.init_state(cm)                       # the server's state: CPU tensors
+        down = P.broadcast(server, state, 1)
+        up, _ = P.client_round(client, cm, down, subset(T.train, range(16)), ClientContext(0, 1, 5, mk(dev), T.loss, {}),
+                               10**9)
+        _, report = P.aggregate(server, state, [(0, up)], 1, max_bytes=10**9)
+        rows.append({"check": f"{name} (z={draw}): client on {dev}, server on the CPU replays", "ok": report["accepted"] == 1,
+                     "refused": [r["error"] for r in report["rejected"]]})
+        print(f"[gpu_check] replay {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _smollm2(dev: str, dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**SMOLLM2)).to(dev, dtype)
+
+
+def part_stream(dev: str, lengths: list[int]) -> list[dict]:
+    from lightfed.methods.fednl import choose_layers
+    from lightfed.models import delta_memory, streaming
+    model = _smollm2(dev)
+    model.requires_grad_(False)
+    delta_memory.attach(model, choose_layers("auto", 5, 30), r=8, chunk=64)
+    model.to(dev).eval()
+    rows = []
+    for n in lengths:
+        ids = torch.randint(0, SMOLLM2["vocab_size"], (1, n), device=dev)
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        nll, state = streaming.stream_nll(model, ids, 512)
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize()
+        s = time.perf_counter() - t
+        rows.append({"tokens": n, "tokens_per_s": n / s, "memory_state_bytes": state,
+                     "device_peak_bytes": torch.cuda.max_memory_allocated() if dev.startswith("cuda") else None})
+        print(f"[gpu_check] stream {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def part_speed(dev: str, cpu_tokens: int) -> list[dict]:
+    rows = []
+    for where, B, T in ((dev, 4, 512), ("cpu", 1, cpu_tokens)):
+        for dtype in ("fp32", "bf16"):
+            model = _smollm2(where)
+            ids = torch.randint(0, SMOLLM2["vocab_size"], (B, T), device=where)
+            out = {"device": where, "dtype": dtype, "batch": [B, T]}
+            for mode in ("forward", "forward+backward"):
+                times = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    with torch.autocast(torch.device(where).type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                        if mode == "forward":
+                            with torch.no_grad():
+                                model(input_ids=ids)
+                        else:
+                            model(input_ids=ids, labels=ids).loss.backward()
+                    if where.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t)
+                out[f"{mode} tokens/s"] = B * T / min(times[1:])
+            rows.append(out)
+            print(f"[gpu_check] speed {out}", file=sys.stderr, flush=True)
+            del model
+    return rows
+
+
+def render(res: dict) -> str:
+    L = [f"# GPU check ({res['device_name']})\n", f"Command: `{res['meta']['command']}`; date {res['meta']['date']}; torch "
+         f"{res['meta']['torch']}; {res['seconds']:.0f} s in all.\n", "## Every method, one round on the synthetic twins\n",
+         "| method | task | ran | s (device / CPU) | up bytes | same bytes as the CPU (down / up) |", "|---|---|---|---|---|---|"]
+    for r in res["methods"]:
+        L.append(f"| {r['method']} | {r['task']} | {'yes' if r['ok'] else 'NO: ' + r.get('error', '')[:80]} | "
+                 f"{r.get('seconds', 0):.2f} / {r.get('cpu_seconds', 0):.2f} | {r.get('up_bytes', '-')} | "
+                 f"{r.get('same_down', '-')} / {r.get('same_up', '-')} |")
+    L += ["", "Uploads may differ from the CPU's where a device's kernels round otherwise (a first-order update is not "
+          "replayed); the broadcast never does.", "", "## Zeroth order across devices\n", "| check | result |", "|---|---|"]
+    L += [f"| {r['check']} | {'ok' if r['ok'] else 'FAILED ' + str(r.get('refused', ''))[:120]} |" for r in res["replay"]]
+    L += ["", "## FedNL streaming on SmolLM2-135M's architecture (random weights), 512-token chunks\n",
+          "| tokens | tokens/s | memory state | peak device memory |", "|---|---|---|---|"]
+    def mb(x):
+        return "-" if x is None else f"{x / 2**20:,.0f} MB"
+    L += [f"| {r['tokens']} | {r['tokens_per_s']:,.0f} | {r['memory_state_bytes']:,} B | {mb(r['device_peak_bytes'])} |"
+          for r in res["stream"]]
+    L += ["", "## Throughput on SmolLM2-135M's architecture\n", "| device | dtype | batch | forward tokens/s | forward+backward tokens/s |",
+          "|---|---|---|---|---|"]
+    L += [f"| {r['device']} | {r['dtype']} | {r['batch'][0]} x {r['batch'][1]} | {r['forward tokens/s']:,.0f} | "
+          f"{r['forward+backward tokens/s']:,.0f} |" for r in res["speed"]]
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--cpu-tokens", type=int, default=256)
+    ap.add_argument("--parts", default="methods,replay,stream,speed")
+    ap.add_argument("--name", default="gpu_check")
+    a = ap.parse_args(argv)
+    from lightfed import device
+    device.check(a.device, "fp32")
+    t0 = time.time()
+    parts = a.parts.split(",")
+    res = {"meta": meta("python benchmarks/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv)),
+           "device_name": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "CPU (dry run)",
+           "methods": part_methods(a.device) if "methods" in parts else [],
+           "replay": part_replay(a.device) if "replay" in parts else [],
+           "stream": part_stream(a.device, [int(x) for x in a.lengths.split(",")]) if "stream" in parts else [],
+           "speed": part_speed(a.device, a.cpu_tokens) if "speed" in parts else []}
+    res["seconds"] = time.time() - t0
+    print(write(a.name, res, render(res)))
+
+
+if __name__ == "__main__":
+    main()
