@@ -21,6 +21,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 REUSE_STALE = False          # set by a script's --reuse-stale: take runs made by other code, and say so
+PLACE: dict = {}             # set by --device / --dtype: where every run of the grid computes (recorded in its config)
 STALE: dict[str, str] = {}   # label -> the code hash of a stale run that was reused (reported by meta())
 
 
@@ -105,6 +106,7 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
                  fresh_process: bool = False) -> list[dict]:
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
     as not run. runner / fresh_process: as run_grid's."""
+    grid = [(label, {**c, **PLACE}) for label, c in grid]
     done = {label: finished(label, c) for label, c in grid}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:
@@ -121,11 +123,19 @@ def add_args(ap) -> None:
     ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
     ap.add_argument("--reuse-stale", action="store_true", help="also reuse finished runs made by other code (named in "
                     "the results); by default such runs are made again")
+    ap.add_argument("--device", default="", help="where every run computes: auto | cpu | cuda | cuda:N (default: each "
+                    "config's own, the CPU unless it says)")
+    ap.add_argument("--dtype", default="", help="fp32 | bf16 for every run (default: each config's own)")
 
 
 def configure(a) -> None:
     global REUSE_STALE
     REUSE_STALE = bool(getattr(a, "reuse_stale", False))
+    PLACE.clear()
+    PLACE.update({k: getattr(a, k) for k in ("device", "dtype") if getattr(a, k, "")})
+    if PLACE:
+        from lightfed import device
+        device.check(PLACE.get("device", "cpu"), PLACE.get("dtype", "fp32"))
 
 
 def meta(command: str, **extra) -> dict:

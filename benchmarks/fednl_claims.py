@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, meta, run_grid, verdict, write  # noqa: E402
+import common  # noqa: E402
+from common import RESULTS, meta, verdict, write  # noqa: E402
 import fednl_retrieval as R  # noqa: E402
 
 WINDOW = 512            # attention window of the streaming setting (tokens)
@@ -142,19 +143,8 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
             c = {**base_run(size, task, task_options, clients, seed), **size.get(f"{tag}_run", {})}
             c.update(method=method, method_options=opts, out=str(Path("runs") / "fednl_claims" / f"{tag}-{method}-{label}-s{seed}".replace(" ", "_")))
             g.append((f"{tag} {label} s{seed}", c))
-    done = {}           # a finished run with the same config is reused (its checkpoint holds the final model)
-    for label, c in g:
-        p = Path(c["out"]) / "summary.json"
-        if p.exists():
-            s = json.loads(p.read_text())
-            if {k: s["config"].get(k) for k in c} == c:
-                done[label] = {**s, "label": label}
-    todo = [x for x in g if x[0] not in done]
-    if FROM_RUNS:                        # report what finished; the rest is listed, not run
-        ran = {l: {"label": l, "error": "not run: the grid was stopped at the session's time limit"} for l, _ in todo}
-    else:
-        ran = dict(zip([l for l, _ in todo], run_grid(todo, workers))) if todo else {}
-    return g, [done.get(l) or ran[l] for l, _ in g]
+    return g, common.reuse_or_run(g, workers, FROM_RUNS)
+
 
 
 def final_model(summary: dict):
@@ -280,7 +270,7 @@ def fmt(x, nd=3):
 
 def markdown(res: dict) -> str:
     parts = [p for p in ("recipe", "passkey", "bytes", "memory", "ce", "niah", "trivia") if p in res]
-    L = [f"# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
+    L = ["# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
          + f"  \nLast date: {res['meta']['date']}; size preset "
          f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; seeds {res['seeds']}. Streaming setting: attention local to "
@@ -416,15 +406,14 @@ def main():
     ap.add_argument("--parts", default="bytes,memory,ce")
     ap.add_argument("--size", default="cpu", choices=sorted(SIZES))
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--name", default="fednl_claims")
     ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
-    ap.add_argument("--from-runs", action="store_true", help="niah/trivia/ce: run nothing; report the grid's runs that "
-                    "finished (their summary.json) and list the others as not run (a grid stopped by a time limit)")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default="", help="passkey: comma-separated row labels to train (default: all)")
+    common.add_args(ap)
     a = ap.parse_args()
+    common.configure(a)
     if a.render:
         res = json.loads((RESULTS / f"{a.name}.json").read_text())
         write(a.name, res, markdown(res))

@@ -50,7 +50,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import meta, run_grid, write  # noqa: E402
+import common  # noqa: E402
+from common import meta, reuse_or_run, write  # noqa: E402
 
 from lightfed.report import human_bytes, markdown  # noqa: E402
 
@@ -151,21 +152,6 @@ def grid_for(tasks, quick, probe=True):
     for i, (label, cfg) in enumerate(grid + probes):
         cfg["out"] = str(RUNS / name / f"{i:02d}")
     return grid, probes
-
-
-def run_fresh(grid, workers):
-    """Like common.run_grid, but every config in a fresh worker process, so that the measured RSS rise of
-    its local update is not hidden by memory an earlier run left in the process's heap."""
-    import multiprocessing as mp
-
-    from common import _run_one
-    from lightfed import config as C
-    from lightfed.engine import local
-
-    for _, c in grid:                  # every config validated before any run starts, as run_grid does
-        local.check(C.from_dict(c))
-    with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-        return pool.map(_run_one, grid, chunksize=1)
 
 
 # --- reading the runs ----------------------------------------------------------------------------
@@ -405,7 +391,7 @@ def calibrate(a):
             c.update(clients=1, fraction=1.0, rounds=1 if a.quick else 3, local_steps=2 if a.quick else 25, lr=lr)
             c["out"] = str(RUNS / ("calibrate_quick" if a.quick else "calibrate") / f"{len(grid):02d}")
             grid.append((f"{label}, lr {lr:g}", c))
-    summaries = run_grid(grid, workers=a.workers)
+    summaries = reuse_or_run(grid, a.workers, a.from_runs)
     rows = []
     for (label, c), s in zip(grid, summaries):
         if "error" in s:
@@ -432,26 +418,17 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--no-probe", action="store_true")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--from-runs", action="store_true",
-                    help="run nothing: report the runs of this grid that finished (their summary.json) and list "
-                         "the others as not run (for a grid stopped by a time limit)")
+    common.add_args(ap)
     a = ap.parse_args(argv)
+    common.configure(a)
     if a.calibrate:
         return calibrate(a)
     tasks = [t for t in a.tasks.split(",") if t]
     grid, probes = grid_for(tasks, a.quick, probe=not a.no_probe)
     t0 = time.time()
-    if a.from_runs:
-        summaries = []
-        for label, cfg in grid + probes:
-            f = Path(cfg["out"]) / "summary.json"
-            summaries.append({**json.loads(f.read_text()), "label": label} if f.exists()
-                             else {"label": label, "error": "not run: the grid was stopped at the session's time limit"})
-    else:
-        summaries = run_grid(grid, workers=a.workers)
-        if probes:      # quick: a smoke test, so the reused pool will do
-            summaries += run_grid(probes, workers=a.workers) if a.quick else run_fresh(probes, a.workers)
+    summaries = reuse_or_run(grid, a.workers, a.from_runs)
+    if probes:          # each in a fresh process (its RSS rise not hidden by an earlier run's heap); quick: a smoke test
+        summaries += reuse_or_run(probes, a.workers, a.from_runs, fresh_process=not a.quick)
     grid = grid + probes
     runs = collect(grid, summaries)
     ok = [r for r in runs if "error" not in r]

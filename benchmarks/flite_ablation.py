@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from common import meta, reuse_or_run, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
@@ -168,12 +169,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-free: labels separated by ';' (default: every variant)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--render", action="store_true")
-    ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
+    common.add_args(ap)
     a = ap.parse_args()
+    common.configure(a)
     name = "flite_ablation" + ("_quick" if a.quick else "")
     from common import RESULTS
     if a.render:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from common import RESULTS, finished, meta, reuse_or_run, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
@@ -245,10 +246,10 @@ def main(argv=None) -> None:
     ap.add_argument("--tasks", default="sentiment,fmnist,austen")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--baselines", action="store_true", help="+ the other payload methods, one seed, sentiment IID")
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
+    common.add_args(ap)
     a = ap.parse_args(argv)
+    common.configure(a)
     tasks, seeds = a.tasks.split(","), [int(s) for s in a.seeds.split(",")]
     for t in tasks:
         if t not in TASKS:

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import run_grid  # noqa: E402
+import common  # noqa: E402
+
 
 from lightfed.report import human_bytes, markdown  # noqa: E402
 
@@ -34,9 +35,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2, help="runs side by side, one torch thread each")
     ap.add_argument("--out", default=str(HERE / "results"))
+    common.add_args(ap)
     a = ap.parse_args(argv)
+    common.configure(a)
     base = {"task": "sentiment", "clients": 10, "rounds": a.rounds, "fraction": 0.5, "batch_size": 16,
             "local_epochs": 1.0, "seed": 0, "progress": False,
             "task_options": {"train_size": 1000, "test_size": 500, "max_len": 32}}
@@ -47,7 +49,7 @@ def main(argv=None):
     grid = [(f"{m} / {part}", {**base, "method": m, "partition": part, **extra,
                                 "out": f"runs/bench-{name}/{m}-{part.replace(':', '')}"})
             for part in PARTITIONS for m, extra in METHODS.items()]
-    runs = run_grid(grid, workers=a.workers)
+    runs = common.reuse_or_run(grid, a.workers, a.from_runs)
     failed = [r for r in runs if "error" in r]
     runs = [r for r in runs if "error" not in r]
     rows = []

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from common import RESULTS, meta, reuse_or_run, run_grid, verdict, write  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
@@ -292,12 +293,13 @@ def main():
     ap.add_argument("--parts", default="fuzz,secagg")
     ap.add_argument("--per-kind", type=int, default=10_000)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--finished", action="store_true", help="dp / dropout / hostile: report the runs that finished "
                     "(each row says over how many seeds), run nothing")
     ap.add_argument("--kinds", default="", help="fuzz: only these message kinds (e.g. fedala/down), as part 'fuzz_recheck'")
+    common.add_args(ap)
     a = ap.parse_args()
+    common.configure(a)
     path = RESULTS / "robustness.json"
     res = json.loads(path.read_text()) if path.exists() else {}
     if not a.render:

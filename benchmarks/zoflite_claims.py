@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from common import RESULTS, meta, reuse_or_run, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
@@ -457,14 +458,14 @@ def plot(res: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--calibrate", action="store_true")
-    ap.add_argument("--from-runs", action="store_true")
     ap.add_argument("--setting", choices=sorted(SETTINGS), default="probed")
     ap.add_argument("--methods", default="", help="comma-separated method names to run (default: the setting's all)")
     ap.add_argument("--render", action="store_true", help="rebuild the claims, table and plot from the setting's JSON")
+    common.add_args(ap)
     a = ap.parse_args(argv)
+    common.configure(a)
     S = SETTINGS[a.setting]
     if a.render:
         name = S["name"] + ("_quick" if a.quick else "")

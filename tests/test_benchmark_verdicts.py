@@ -18,29 +18,45 @@ def test_verdict_needs_three_separated_seeds():
 
 
 def row(label, to, total):
+    """to: per seed the (lo, hi] FLOPs-to-target interval the evaluations leave, or None (never reached)."""
     return {"label": label, "seeds": [0, 1, 2], "flops_to_target": to, "flops_total": total}
 
 
-def test_flops_claim_exact_ratios():
-    fast, slow = row("fast", [1.0, 1.0, 2.0], [5.0] * 3), row("slow", [20.0, 15.0, 30.0], [50.0] * 3)
-    c = flops_claim(fast, slow, 10, 0.7)                                 # 20x, 15x, 15x
-    assert c["verdict"] == "met" and "s1: 15.0x" in c["measured"]
-    assert flops_claim(fast, slow, 20, 0.7)["verdict"].startswith("inconclusive (2 of 3")   # one seed at 20x, two below
-    assert flops_claim(fast, slow, 25, 0.7)["verdict"] == "missed"
+def test_flops_claim_is_judged_on_the_interval_the_evaluations_leave():
+    """The same runs evaluated every round (tight intervals) give a verdict; evaluated coarsely, where the interval
+    spans the factor, the verdict is inconclusive: no verdict rests on where the evaluations fell."""
+    fast = row("fast", [(0.9, 1.0), (0.9, 1.0), (1.9, 2.0)], [5.0] * 3)
+    slow = row("slow", [(19.0, 20.0), (14.0, 15.0), (29.0, 30.0)], [50.0] * 3)
+    c = flops_claim(fast, slow, 10, 0.7)                                 # ratios in [19, 22.2], [14, 16.7], [14.5, 15.8]
+    assert c["verdict"] == "met" and "s1: 14.0x to 16.7x" in c["measured"]
+    assert flops_claim(fast, slow, 25, 0.7)["verdict"] == "missed"      # every upper bound below 25
+    assert flops_claim(fast, slow, 20, 0.7)["verdict"].startswith("inconclusive")
+    coarse_fast = row("fast", [(0.0, 1.0)] * 3, [5.0] * 3)              # first shown at the first evaluation
+    c = flops_claim(coarse_fast, slow, 10, 0.7)
+    assert c["verdict"] == "met"                                          # lower bounds 19, 14, 29 >= 10 still
+    coarse_slow = row("slow", [(0.0, 20.0), (0.0, 15.0), (0.0, 30.0)], [50.0] * 3)
+    assert flops_claim(coarse_fast, coarse_slow, 2, 0.7)["verdict"].startswith("inconclusive")   # 0 to inf: undecided
 
 
 def test_flops_claim_censored_runs_give_bounds():
-    fast = row("fast", [1.0, 1.0, 1.0], [4.0] * 3)
+    fast = row("fast", [(0.5, 1.0)] * 3, [4.0] * 3)
     never = row("slow", [None, None, None], [12.0, 15.0, 30.0])          # slow never reached it: ratio > 12, 15, 30
     c = flops_claim(fast, never, 10, 0.7)
-    assert c["verdict"] == "met (lower bound)" and "> 12.0x" in c["measured"]
+    assert c["verdict"] == "met" and "s0: 12.0x to inf" in c["measured"]
     short = row("slow", [None, None, None], [5.0, 5.0, 30.0])            # its run too short to bound 10x on 2 seeds
     assert flops_claim(fast, short, 10, 0.7)["verdict"].startswith("inconclusive")
     f_never = row("fast", [None, None, None], [8.0] * 3)
-    s_early = row("slow", [2.0, 2.0, 2.0], [9.0] * 3)                    # ratio < 2 / 8: far below 10x
+    s_early = row("slow", [(1.0, 2.0)] * 3, [9.0] * 3)                  # ratio < 2 / 8: far below 10x
     assert flops_claim(f_never, s_early, 10, 0.7)["verdict"] == "missed"
     both_never = row("slow", [None] * 3, [9.0] * 3)
     assert flops_claim(f_never, both_never, 10, 0.7)["verdict"].startswith("inconclusive (0 of 3")
+
+
+def test_to_target_returns_the_evaluations_bracket():
+    from zoflite_claims import to_target
+    assert to_target([0, 10, 20, 30], [0.5, 0.6, 0.75, 0.8], 0.7) == (10, 20)
+    assert to_target([0, 10, 20], [0.5, 0.6, 0.65], 0.7) is None
+    assert to_target([0, 10], [0.8, 0.9], 0.7) == (0, 10)               # round 0 never counts
 
 
 @pytest.mark.parametrize("setting", ["probed", "prompt", "prompt_long"])
