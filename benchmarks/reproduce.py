@@ -1,0 +1,118 @@
+"""Do the committed results still come out of this code? One cell of each claims script (and the main job), run
+afresh and compared with the number committed for it. Written to results/reproduce.{json,md}.
+
+    python benchmarks/reproduce.py              # every cell (~1 h on one core)
+    python benchmarks/reproduce.py --cells main,foundation
+
+A cell reproduces when its final metric and its bytes per client per round are the committed ones (same config, same
+seed, one torch thread as the grids run). A difference is reported with what changed in between, never hidden.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+from common import RESULTS, meta, write  # noqa: E402
+
+RUNS = Path("runs/reproduce")
+
+
+def _json(name):
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def cell_main():
+    from lightfed.cli import MAIN_JOB
+    # the README's table (2026-12-01): FLITE 0.4500 -> 0.8000 at 7.66 KB up; FedAvg 0.4400 -> 0.8000 at 90.27 MB up
+    want = {"flite": (0.8, 7656), "fedavg": (0.8, 90270225)}
+    return [(f"main job: {m}", {**MAIN_JOB, "method": m, "progress": False}, want[m]) for m in want]
+
+
+def cell_foundation():
+    r = _json("foundation")["runs"][0]
+    c = {k: v for k, v in r["config"].items() if k not in ("out", "progress")}
+    return [(f"foundation: {r['method']} / {c['partition']}", {**c, "progress": False},
+             (r["final"], r["bytes"]["up_per_client_round"]))]
+
+
+def cell_flite_claims():
+    import flite_claims
+    label, c = flite_claims.grid_for(["sentiment"], [0], False, False)[0]
+    row = next(r for r in _json("flite_claims")["rows"] if r["task"] == "sentiment" and r["partition"] == "iid"
+               and r["method"] == "FLITE")
+    return [(f"flite_claims: {label}", c, (row["finals"][0], row["up_bytes"][0]))]
+
+
+def cell_flite_ablation():
+    import flite_ablation
+    _, grid = flite_ablation.configs(10, [0], False, {"FLITE r=6 int4 (the paper's map)"})
+    label, c = grid[0]
+    run = next(r for r in _json("flite_ablation")["runs"] if r["label"] == label)
+    row = next(r for r in _json("flite_ablation")["rows"] if label.startswith(r["label"]))
+    return [(f"flite_ablation: {label}", c, (run["final"], row["up_bytes"]))]
+
+
+def cell_fedspzo():
+    import fedspzo_claims
+    grid, _ = fedspzo_claims.grid_for(["sentiment"], False, probe=False)
+    label, c = next((l, c) for l, c in grid if l.endswith("| FedSPZO"))
+    r = next(r for r in _json("fedspzo_claims")["runs"] if r["label"] == label)
+    return [(f"fedspzo_claims: {label}", c, (r["final"], r.get("up_bytes")))]
+
+
+def cell_robustness():
+    import robustness
+    label, c = next((l, c) for l, c in robustness.runs_grid("dropout", [0]) if "FLITE|no faults" in l)
+    rows = _json("robustness")["dropout"]["rows"]
+    return [(f"robustness: {label}", c, (rows["FLITE|no faults"]["finals"][0], None))]
+
+
+CELLS = {"main": cell_main, "foundation": cell_foundation, "flite_claims": cell_flite_claims,
+         "flite_ablation": cell_flite_ablation, "fedspzo_claims": cell_fedspzo, "robustness": cell_robustness}
+
+
+def fednl_bytes() -> list[dict]:
+    """fednl_claims' bytes part is exact (no training): the encoded uplink of one client, rebuilt."""
+    import fednl_claims
+    got = {r["label"]: r["up_bytes"] for r in fednl_claims.part_bytes({})["rows"]}
+    want = {r["label"]: r["up_bytes"] for r in _json("fednl_claims")["bytes"]["rows"]}
+    return [{"cell": f"fednl_claims bytes: {k}", "want": (None, want[k]), "got": (None, got.get(k)),
+             "same": got.get(k) == want[k]} for k in want]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default=",".join(list(CELLS) + ["fednl_bytes"]))
+    common.add_args(ap)
+    a = ap.parse_args(argv)
+    common.configure(a)
+    t0 = time.time()
+    names = a.cells.split(",")
+    cells = [x for n in names if n in CELLS for x in CELLS[n]()]
+    grid = [(label, {**c, "out": str(RUNS / f"{i:02d}")}) for i, (label, c, _) in enumerate(cells)]
+    sums = common.reuse_or_run(grid, a.workers, a.from_runs)
+    rows = []
+    for (label, c, (f_want, up_want)), s in zip(cells, sums):
+        got = (s.get("final"), s.get("bytes", {}).get("up_per_client_round"))
+        same = s.get("final") == f_want and (up_want is None or got[1] == up_want)
+        rows.append({"cell": label, "want": (f_want, up_want), "got": got, "same": same, "error": s.get("error")})
+    if "fednl_bytes" in names:
+        rows += fednl_bytes()
+    res = {"meta": meta("python benchmarks/reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv)),
+           "rows": rows, "wall_s": time.time() - t0}
+    L = ["# Do the committed results come out of this code?\n", f"Command: `{res['meta']['command']}`; code "
+         f"{res['meta']['code']}; {res['wall_s'] / 60:.0f} min. One cell of each claims script (and the main job), run "
+         "afresh (one torch thread) and compared with the committed number.\n",
+         "| cell | committed (final, up B) | now | the same |", "|---|---|---|---|"]
+    L += [f"| {r['cell']} | {r['want']} | {r['got'] if not r.get('error') else r['error'][:80]} | "
+          f"{'yes' if r['same'] else '**no**'} |" for r in rows]
+    print(write("reproduce", res, "\n".join(L) + "\n"))
+
+
+if __name__ == "__main__":
+    main()
