@@ -370,6 +370,8 @@ def markdown(res: dict) -> str:
 
 
 def plot(res: dict, name: str) -> None:
+    if "passkey" in res:
+        R.plot_retrieval(res["passkey"], RESULTS / f"{name}_retrieval.png")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -410,7 +412,8 @@ def main():
     ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
-    ap.add_argument("--rows", default="", help="passkey: comma-separated row labels to train (default: all)")
+    ap.add_argument("--rows", default="", help="passkey: ';'-separated row labels to train (default: all), e.g. "
+                    "'FedNL;FedAvg+LoRA, windowed'")
     common.add_args(ap)
     a = ap.parse_args()
     common.configure(a)
@@ -440,7 +443,7 @@ def main():
         t = time.time()
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
-                                                      set(a.rows.split(",")) if a.rows else None),
+                                                      set(a.rows.split(";")) if a.rows else None),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":

@@ -294,4 +294,48 @@ def markdown_retrieval(r: dict) -> list[str]:
                 for L_ in sorted(f, key=int):
                     if len(ret[other].get(L_, [])) >= 3:
                         L.append(f"| FedNL above {other} at {L_} chunks | {verdict(f[L_], ret[other][L_], False)} |")
-    return L + [""]
+    return L + ["", "![depth x length heat maps and exact match against inference memory](fednl_claims_retrieval.png)", ""]
+
+
+def plot_retrieval(r: dict, path) -> None:
+    """Depth x length heat maps per row (mean over seeds) and exact match against inference memory."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = {k: v for k, v in r["rows"].items() if v["cells"]}
+    lens = sorted({int(k.split("/")[0]) for v in rows.values() for c in v["cells"] for k in c})
+    deps = sorted({float(k.split("/")[1]) for v in rows.values() for c in v["cells"] for k in c})
+    fig, axes = plt.subplots(1, len(rows) + 1, figsize=(3.2 * (len(rows) + 1), 3.4))
+    for ax, (name, v) in zip(axes, rows.items()):
+        grid = np.array([[np.mean([c.get(f"{L}/{d:g}", np.nan) for c in v["cells"]]) for L in lens] for d in deps])
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(lens)), [str(L * UNIT) for L in lens], fontsize=7)
+        ax.set_yticks(range(len(deps)), [f"{d:g}" for d in deps], fontsize=7)
+        for i in range(len(deps)):
+            for j in range(len(lens)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if grid[i, j] < 0.5 else "black")
+        ax.set_title(f"{name} (n={len(v['cells'])})", fontsize=7)
+        ax.set_xlabel("tokens", fontsize=7)
+    axes[0].set_ylabel("needle depth (1: the question's chunk)", fontsize=7)
+    ax = axes[-1]
+    ib = r["inference_bytes"]
+    for i, (name, v) in enumerate(rows.items()):
+        per = [by_length(c) for c in v["cells"]]
+        ys = [np.mean([p[str(L)] for p in per]) for L in lens]
+        if name == "backbone, full attention" or "full attention" in name:
+            xs = [ib["kv_cache_fp32"][str(L)] / 2**20 for L in lens]
+        elif name.startswith("FedNL") and ib.get("fednl_state_fp32"):
+            xs = [(ib["fednl_state_fp32"] + ib["window_kv_fp32"]) / 2**20] * len(lens)
+        else:
+            xs = [ib["window_kv_fp32"] / 2**20] * len(lens)
+        ax.plot(xs, ys, "o-", color=f"C{i}", label=name)
+        for x, y, L in zip(xs, ys, lens):
+            ax.annotate(str(L * UNIT), (x, y), fontsize=5)
+    ax.set_xscale("log")
+    ax.set(xlabel="inference memory for the context (MB, fp32)", ylabel="exact match, needles outside the question's chunk")
+    ax.legend(fontsize=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -157,3 +157,15 @@ def test_every_method_runs_a_round_on_the_synthetic_twins_that_need_no_asset(nam
     for kind in [gpu_check.KIND.get(name, "lm")] + (["image"] if name in gpu_check.CONV else []):
         r = gpu_check._round(name, kind, "cpu")
         assert r["accepted"] == 1 and len(r["up"]) > 0
+
+
+def test_flower_nodes_may_compute_on_their_own_device_and_ray_is_asked_for_gpus_only_with_cuda():
+    pytest.importorskip("flwr")
+    from lightfed.engine.flower.config import digest, options
+    a = tiny_config("sentiment", "fedavg", device="cpu")
+    b = tiny_config("sentiment", "fedavg", device="auto")
+    assert digest(a) == digest(b)                       # a node's device is its own: the server's config matches
+    assert digest(a) != digest(tiny_config("sentiment", "fedavg", dtype="bf16"))   # the precision is the run's
+    if not torch.cuda.is_available():
+        with pytest.raises(C.ConfigError, match="client_gpus = 0.5, but torch sees no CUDA device"):
+            options(tiny_config("sentiment", "fedavg", engine_options={"client_gpus": 0.5}))
