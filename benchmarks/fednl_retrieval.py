@@ -283,7 +283,9 @@ def markdown_retrieval(r: dict) -> list[str]:
         reset = ret.get("FedNL, memory reset per chunk", {})
         if reset:
             xs = [x for v in reset.values() for x in v]
-            L.append(f"| the reset control <= 0.1 at every length | {'met' if max(xs) <= 0.1 else 'missed'} (max {max(xs):.2f}) |")
+            n = min(len(v) for v in reset.values())
+            L.append(f"| the reset control <= 0.1 at every length | "
+                     f"{('met' if max(xs) <= 0.1 else 'missed') if n >= 3 else f'inconclusive ({n} seed(s))'} (max {max(xs):.2f}) |")
         full = ret.get("backbone, full attention")
         if full:
             for L_ in sorted(f, key=int):
@@ -305,7 +307,12 @@ def plot_retrieval(r: dict, path) -> None:
     rows = {k: v for k, v in r["rows"].items() if v["cells"]}
     lens = sorted({int(k.split("/")[0]) for v in rows.values() for c in v["cells"] for k in c})
     deps = sorted({float(k.split("/")[1]) for v in rows.values() for c in v["cells"] for k in c})
-    fig, axes = plt.subplots(1, len(rows) + 1, figsize=(3.2 * (len(rows) + 1), 3.4))
+    ncol = 4
+    nrow = -(-(len(rows) + 1) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.2 * nrow), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(rows) + 1:]:
+        ax.axis("off")
     for ax, (name, v) in zip(axes, rows.items()):
         grid = np.array([[np.mean([c.get(f"{L}/{d:g}", np.nan) for c in v["cells"]]) for L in lens] for d in deps])
         ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
@@ -319,7 +326,7 @@ def plot_retrieval(r: dict, path) -> None:
         ax.set_title(f"{name} (n={len(v['cells'])})", fontsize=7)
         ax.set_xlabel("tokens", fontsize=7)
     axes[0].set_ylabel("needle depth (1: the question's chunk)", fontsize=7)
-    ax = axes[-1]
+    ax = axes[len(rows)]
     ib = r["inference_bytes"]
     for i, (name, v) in enumerate(rows.items()):
         per = [by_length(c) for c in v["cells"]]
