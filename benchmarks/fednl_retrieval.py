@@ -41,10 +41,11 @@ RECIPE = [
     ("3 late layers, gate 0.1, gate lr 10x", {"layers": "17,23,29", "gate": 0.1, "gate_lr": 0.1}, {}),
     ("3 late layers, gate 0.1, beta bias -2 (slower writes)", {"layers": "17,23,29", "gate": 0.1, "beta_bias": -2.0}, {}),
     ("3 late layers, gate 0.1, key rank 32", {"layers": "17,23,29", "gate": 0.1, "r_k": 32}, {}),
-    ("3 late layers, gate 0.1, 8-chunk training streams", {"layers": "17,23,29", "gate": 0.1}, {"train_chunks": 8}),
     ("5 layers spread evenly, gate 0.1", {"layers": "auto", "n_layers": 5, "gate": 0.1}, {}),
     ("5 layers spread evenly, gate 0.1, gate lr 10x", {"layers": "auto", "n_layers": 5, "gate": 0.1, "gate_lr": 0.1}, {}),
+    ("3 late layers, gate 0.1, 8-chunk training streams", {"layers": "17,23,29", "gate": 0.1}, {"train_chunks": 8}),
 ]
+RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]]      # the order rows were added in (their folders)
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 12, "local_steps": 20, "task": TASK,
             "recipe_task": {**TASK, "lengths": "4,8", "depths": "0,0.5,1", "test_per_cell": 24, "validation": True}},
@@ -59,7 +60,8 @@ LORA_LR = 1e-3
 
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
     out = []
-    for i, (label, mo, to) in enumerate(rows):
+    for label, mo, to in rows:
+        i = [r[0] for r in RECIPE_ORDER].index(label)                 # the row's folder: fixed by when it was added
         c = {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, **size["recipe"],
              "eval_every": size["recipe"]["rounds"], "method_options": mo, "task_options": {**size["recipe_task"], **to},
              "out": str(RUNS / f"recipe-{i:02d}")}
