@@ -47,7 +47,7 @@ RECIPE = [
 ]
 RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]]      # the order rows were added in (their folders)
 SIZES = {   # steps of the centralised recipe rows; the federated grid
-    "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 12, "local_steps": 20, "task": TASK,
+    "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
             "recipe_task": {**TASK, "lengths": "4,8", "depths": "0,0.5,1", "test_per_cell": 24, "validation": True}},
     "smoke": {"recipe": {"rounds": 1, "local_steps": 2}, "rounds": 1, "local_steps": 1, "task": SMOKE_TASK,
               "recipe_task": {**SMOKE_TASK, "validation": True}},
