@@ -48,7 +48,7 @@ ROWS = [
 ]
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite", "flite_scratch": "flite", "fedavg": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora"}
-SWEEP = {"flite": [3e-3, 1e-2, 3e-2, 1e-1, 3e-1], "fedavg": [3e-5, 1e-4, 3e-4, 1e-3], "lora": [1e-4, 3e-4, 1e-3, 3e-3]}
+SWEEP = {"flite": [3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "lora": [1e-4, 3e-4, 1e-3, 3e-3]}
 CALIB = {"rounds": 8, "eval_every": 8, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
