@@ -72,7 +72,19 @@ def cell_robustness():
     return [(f"robustness: {label}", c, (rows["FLITE|no faults"]["finals"][0], None))]
 
 
-CELLS = {"main": cell_main, "foundation": cell_foundation, "flite_claims": cell_flite_claims,
+def cell_zoflite():
+    import zoflite_claims as Z
+    S = Z.SETTINGS["probed"]
+    probes, grid = Z.configs(S, [0], False, only=["decomfl"])
+    res = _json("zoflite_claims")
+    row = next(r for r in res["rows"] if r["method"] == "decomfl")
+    probe_out = str(RUNS / "zoflite-probe-s0")
+    (pl, pc), (gl, gc) = probes[0], grid[0]
+    return [(f"zoflite_claims: {pl}", {**pc, "out": probe_out}, (res["probes"][0]["final"], None)),
+            (f"zoflite_claims: {gl}", {**gc, "init": probe_out}, (row["finals"][0], row["up_bytes"]))]
+
+
+CELLS = {"main": cell_main, "zoflite_claims": cell_zoflite, "foundation": cell_foundation, "flite_claims": cell_flite_claims,
          "flite_ablation": cell_flite_ablation, "fedspzo_claims": cell_fedspzo, "robustness": cell_robustness}
 
 
@@ -94,8 +106,13 @@ def main(argv=None):
     t0 = time.time()
     names = a.cells.split(",")
     cells = [x for n in names if n in CELLS for x in CELLS[n]()]
-    grid = [(label, {**c, "out": str(RUNS / f"{i:02d}")}) for i, (label, c, _) in enumerate(cells)]
-    sums = common.reuse_or_run(grid, a.workers, a.from_runs)
+    grid = [(label, {**c, "out": c["out"] if str(c.get("out", "")).startswith(str(RUNS)) else str(RUNS / f"{i:02d}")})
+            for i, (label, c, _) in enumerate(cells)]
+    first = [g for g in grid if "init" not in g[1]]          # a cell that starts from another run's model goes after it
+    done = dict(zip([l for l, _ in first], common.reuse_or_run(first, a.workers, a.from_runs)))
+    rest = [g for g in grid if "init" in g[1]]
+    done.update(zip([l for l, _ in rest], common.reuse_or_run(rest, a.workers, a.from_runs) if rest else []))
+    sums = [done[l] for l, _ in grid]
     rows = []
     for (label, c, (f_want, up_want)), s in zip(cells, sums):
         got = (s.get("final"), s.get("bytes", {}).get("up_per_client_round"))
@@ -109,7 +126,7 @@ def main(argv=None):
          f"{res['meta']['code']}; {res['wall_s'] / 60:.0f} min. One cell of each claims script (and the main job), run "
          "afresh (one torch thread) and compared with the committed number.\n",
          "| cell | committed (final, up B) | now | the same |", "|---|---|---|---|"]
-    L += [f"| {r['cell']} | {r['want']} | {r['got'] if not r.get('error') else r['error'][:80]} | "
+    L += [f"| {r['cell'].replace(' | ', ' / ').replace('|', '/')} | {r['want']} | {r['got'] if not r.get('error') else r['error'][:80]} | "
           f"{'yes' if r['same'] else '**no**'} |" for r in rows]
     print(write("reproduce", res, "\n".join(L) + "\n"))
 
