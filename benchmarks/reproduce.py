@@ -84,8 +84,9 @@ def cell_zoflite():
             (f"zoflite_claims: {gl}", {**gc, "init": probe_out}, (row["finals"][0], row["up_bytes"]))]
 
 
-CELLS = {"main": cell_main, "zoflite_claims": cell_zoflite, "foundation": cell_foundation, "flite_claims": cell_flite_claims,
-         "flite_ablation": cell_flite_ablation, "fedspzo_claims": cell_fedspzo, "robustness": cell_robustness}
+CELLS = {"main": cell_main, "foundation": cell_foundation, "flite_claims": cell_flite_claims,
+         "flite_ablation": cell_flite_ablation, "fedspzo_claims": cell_fedspzo, "robustness": cell_robustness,
+         "zoflite_claims": cell_zoflite}          # (a cell's folder is its place in this list: add new ones at the end)
 
 
 def fednl_bytes() -> list[dict]:
