@@ -283,7 +283,7 @@ def markdown(res: dict) -> str:
     for part in ("dp", "dropout", "hostile"):
         if part in res:
             r = res[part]
-            L += [_runs_md(part, r["rows"]), "", f"Command: `{r.get('command', '')}` ({r.get('seconds', 0) / 60:.0f} min; runs already "
+            L += [_runs_md(part, r["rows"], r.get("clips")), "", f"Command: `{r.get('command', '')}` ({r.get('seconds', 0) / 60:.0f} min; runs already "
                   f"made with the same config are reused). Plot: `robustness_{part}.png`.", ""]
     return "\n".join(L)
 
