@@ -1,8 +1,8 @@
-"""FedNL's retrieval: the parts `recipe` and `retrieval` of benchmarks/fednl_claims.py (results in fednl_claims.json).
+"""FedNL's retrieval: the parts `recipe` and `passkey` of benchmarks/fednl_claims.py (results in fednl_claims.json).
 
     python benchmarks/fednl_claims.py --parts recipe                      # centralised calibration (validation streams)
-    python benchmarks/fednl_claims.py --parts retrieval --seeds 0,1,2     # the federated passkey grid
-    python benchmarks/fednl_claims.py --parts retrieval --size smoke      # every row at toy size
+    python benchmarks/fednl_claims.py --parts passkey --seeds 0,1,2       # the federated passkey grid
+    python benchmarks/fednl_claims.py --parts passkey --size smoke        # every row at toy size
 
 Setting (task `passkey`, tasks/passkey.py): SmolLM2-135M, streams of 64-token chunks with attention local to each
 chunk, a 7-digit pass key hidden in one chunk of an Austen haystack, the question in the last chunk; exact match of
@@ -12,7 +12,7 @@ it, reported apart), 20 streams a cell; evaluation needles and haystack never me
 
 recipe: one client trains FedNL alone (the same batches for every row) and is scored on validation streams (the
 training split's haystack and passkeys, other draws): what each choice of the recipe buys, and its cost a step.
-retrieval: rows FedNL (federated, 4 clients IID, 2 a round), FedNL with its memory reset at every chunk (the same
+passkey: rows FedNL (federated, 4 clients IID, 2 a round), FedNL with its memory reset at every chunk (the same
 trained models), the frozen backbone windowed and with full attention (the reference a user would otherwise run:
 its KV cache grows with the input), and the LoRA baselines trained in both settings.
 """
@@ -49,12 +49,17 @@ RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]]      # the order r
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
             "recipe_task": {**TASK, "lengths": "4,8", "depths": "0,0.5,1", "test_per_cell": 24, "validation": True}},
-    "smoke": {"recipe": {"rounds": 1, "local_steps": 2}, "rounds": 1, "local_steps": 1, "task": SMOKE_TASK,
+    "smoke": {"recipe": {"rounds": 1, "local_steps": 2}, "rounds": 1, "local_steps": 1, "task": SMOKE_TASK, "runs": "smoke",
               "recipe_task": {**SMOKE_TASK, "validation": True}},
 }
 BASE = {"task": "passkey", "batch_size": 8, "lr": 1e-2, "dtype": "bf16", "progress": False}
-BASELINES = [("FedAvg+LoRA", "lora", {}), ("FedProx (LoRA)", "lora", {"mu": 0.01}), ("FedALA", "fedala", {}),
-             ("FedSSI", "fedssi", {})]
+# the baselines as their papers set them (label, method, options, folder slug):
+#   FedProx: mu = 1, the largest of its paper's grid {0.001, 0.01, 0.1, 0.5, 1} (0.01 left LoRA's adapters where FedAvg's were);
+#   FedALA: p over every layer's adapters (all of them are what a client personalises here; the paper's p = 1 adapted 1 of 30);
+#   FedSSI: xi relative to the task's moves, the penalty from earlier rounds' importance only (methods/fedssi.py).
+BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora", {"mu": 1.0}, "fedprox"),
+             ("FedALA (p = every layer)", "fedala", {"top": 0}, "fedala"), ("FedSSI", "fedssi", {}, "fedssi")]
+INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
 
 
@@ -64,7 +69,7 @@ def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
         i = [r[0] for r in RECIPE_ORDER].index(label)                 # the row's folder: fixed by when it was added
         c = {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, **size["recipe"],
              "eval_every": size["recipe"]["rounds"], "method_options": mo, "task_options": {**size["recipe_task"], **to},
-             "out": str(RUNS / f"recipe-{i:02d}")}
+             "out": str(RUNS / size.get("runs", "") / f"recipe-{i:02d}")}
         out.append((label, c))
     return out
 
@@ -136,15 +141,15 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
     for seed in seeds:
         if methods is None or "FedNL" in methods:
             g.append((f"FedNL s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe,
-                                         "task_options": size["task"], "out": str(RUNS / f"fednl-s{seed}")}))
-        for label, m, mo in BASELINES:
+                                         "task_options": size["task"], "out": str(RUNS / size.get("runs", "") / f"fednl-s{seed}")}))
+        for label, m, mo, slug in BASELINES:
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"
                 if methods is not None and name not in methods:
                     continue
                 g.append((f"{name} s{seed}", {**fed, "method": m, "seed": seed, "lr": LORA_LR, "method_options": mo,
                                                "task_options": {**size["task"], "window": window},
-                                               "out": str(RUNS / f"{m}{'-prox' if mo else ''}-{window}-s{seed}")}))
+                                               "out": str(RUNS / size.get("runs", "") / f"{slug}-{window}-s{seed}")}))
     return g
 
 
@@ -177,6 +182,27 @@ def final_model(summary: dict):
     return S.model
 
 
+def internals(summary: dict, slug: str) -> dict[str, float]:
+    """A baseline's own mechanism at work: the mean over clients and rounds of its stats (INTERNALS)."""
+    recs = [json.loads(x) for x in (Path(summary["out"]) / "metrics.jsonl").read_text().splitlines()]
+    out = {}
+    for k in INTERNALS.get(slug, ()):
+        xs = [cl[k] for r in recs for cl in r.get("clients", []) if k in cl]
+        out[k] = float(np.mean(xs)) if xs else None
+    return out
+
+
+def adapter_distance(a: dict, b: dict) -> float:
+    """||theta_a - theta_b|| / ||theta_b|| over the final global adapters of two runs (the tensors both hold)."""
+    from lightfed.engine import local
+    _, sa, _, _ = local.load_checkpoint(Path(a["out"]))
+    _, sb, _, _ = local.load_checkpoint(Path(b["out"]))
+    keys = [k for k in sb if k in sa]
+    num = sum(((sa[k].double() - sb[k].double()) ** 2).sum().item() for k in keys)
+    den = sum((sb[k].double() ** 2).sum().item() for k in keys)
+    return float(np.sqrt(num / den)) if den > 0 else float("nan")
+
+
 def by_length(cells: dict) -> dict[str, float]:
     """Exact match per length over the depths outside the question's chunk."""
     out: dict[str, list[float]] = {}
@@ -205,12 +231,22 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         r["cells"].append(s["cells"]["passkey"])
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
         r.setdefault("trainable", s["trainable_params"])
+        slug = Path(c["out"]).name.split("-")[0]
+        if slug in INTERNALS:
+            r.setdefault("internals", []).append(internals(s, slug))
         if c["method"] == "fednl":          # the control: the same trained model, its memory emptied at every chunk
             m = final_model(s)
             rr = rows.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
             rr["cells"].append(evaluate_model(m, size["task"], UNIT, reset=True))
             rows["FedNL"]["state_bytes"] = sum(b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(m))
+    by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
+    for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
+        name, seed = label.rsplit(" s", 1)
+        base, setting = name.rsplit(", ", 1) if ", " in name else (name, "")
+        ref = by_label.get(f"FedAvg+LoRA, {setting} s{seed}")
+        if ref is not None and base != "FedAvg+LoRA" and sm["config"]["method"] != "fednl":
+            rows[name].setdefault("distance_from_fedavg_lora", []).append(adapter_distance(sm, ref))
     back = backbones.smollm2(False, 0)
     for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
         cells = evaluate_model(back, size["task"], window)
@@ -269,6 +305,21 @@ def markdown_retrieval(r: dict) -> list[str]:
         inq = [np.mean([v for k, v in c.items() if k.endswith("/1")]) for c in row["cells"]]
         L.append(f"| {name} | " + " | ".join(_ms([p.get(L_) for p in per]) for L_ in lens)
                  + f" | {_ms(inq)} | {', '.join(map(str, row['seeds']))} |")
+    base = [(n, row) for n, row in r["rows"].items() if row.get("internals") or row.get("distance_from_fedavg_lora")]
+    if base:
+        L += ["", "The baselines' own mechanisms (mean over clients, rounds and seeds): FedProx's and FedSSI's penalty share "
+              "of the loss, FedALA's mean 1 - W (0: the global adapters taken whole), FedSSI's Omega scale; and the "
+              "relative L2 distance of the final global adapters from FedAvg+LoRA's (same seed, same setting). A row "
+              "whose every cell equals FedAvg+LoRA's is marked: it is one baseline with FedAvg+LoRA there.", "",
+              "| baseline | internals | distance from FedAvg+LoRA | cells equal to FedAvg+LoRA's |", "|---|---|---|---|"]
+        for n, row in base:
+            ks = sorted({k for d in row.get("internals", []) for k in d})
+            ins = ", ".join(f"{k} {np.mean([d[k] for d in row['internals'] if d.get(k) is not None]):.3g}" for k in ks
+                            if any(d.get(k) is not None for d in row["internals"])) or "-"
+            dist = _ms(row.get("distance_from_fedavg_lora", []))
+            ref = r["rows"].get("FedAvg+LoRA, " + n.rsplit(", ", 1)[1]) if ", " in n else None
+            same = ("yes (coincides)" if ref and ref["cells"] and ref["cells"] == row["cells"] else "no") if ref else "-"
+            L.append(f"| {n} | {ins} | {dist} | {same} |")
     ib = r["inference_bytes"]
     L += ["", "Inference memory held for the context (exact bytes, fp32): FedNL's memory state "
           f"{ib['fednl_state_fp32']:,} B at every length, plus the {UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); "

@@ -58,14 +58,16 @@ def test_fedavg_codec_sets_the_bytes(codec, nbytes):
 
 
 def test_fedprox_pulls_towards_the_global_model():
-    dist = {}
+    dist, share = {}, {}
     for mu in (0.0, 100.0):
         T, cfg, m, model = _setup("fedprox", mu=mu)
         cfg.lr = 1e-2
         state = m.init_state(model)
-        _, f, _ = _client(T, cfg, m, model, state)
+        _, f, stats = _client(T, cfg, m, model, state)
         dist[mu] = sum(((f[k] - state[k]) ** 2).sum().item() for k in state)
+        share[mu] = stats["penalty_share"]
     assert dist[100.0] < dist[0.0]
+    assert share[0.0] == 0.0 and 0.0 < share[100.0] < 1.0     # the penalty's share of the loss, reported
 
 
 def test_fedprox_with_mu_zero_is_fedavg():

@@ -11,7 +11,7 @@ from lightfed.data.tensors import subset
 from lightfed.engine import protocol as P
 from lightfed.methods.base import ClientContext
 from lightfed.methods.fedala import OWN, WEIGHT, FedALA, top_layers
-from lightfed.methods.fedssi import OMEGA, FedSSI
+from lightfed.methods.fedssi import OMEGA, FedSSI, importance
 from lightfed.methods.local_only import LocalOnly
 from lightfed.wire import encoded_size
 
@@ -151,6 +151,16 @@ def test_fedala(one_thread):
     assert all(torch.equal(v, r.state[n]) for n, v in r.m.init_state(probe).items())
 
 
+def test_fedala_every_layer_and_its_weights_reported(one_thread):
+    r = Run(FedALA, max_steps=4, k=2, top=0)
+    assert r.m.adaptive == set(r.m.shapes)
+    _, s1 = r.client(0, 1)
+    r.round(1)
+    _, s2 = r.client(0, 2)
+    assert s1["ala_one_minus_w"] == 0.0                   # first participation: the global model, whole
+    assert 0.0 < s2["ala_one_minus_w"] <= 1.0, s2        # W learned below 1 somewhere: the local model kept in part
+
+
 def test_fedala_later_rounds_one_pass(one_thread):
     r = Run(FedALA, max_steps=7, k=2, threshold=0.0, s=50)    # 50% of 16 rows = 8 = one batch of 8
     r.round(1)
@@ -184,19 +194,45 @@ def test_fedssi_importance(one_thread):
 
 
 def test_fedssi_penalty_pulls(one_thread):
+    """Round 1 has no earlier importance: no penalty. Round 2 is pulled toward theta* by round 1's Omega."""
     def moved(c):
         r = Run(FedSSI, {"local_steps": 6, "lr": 1e-2}, c=c)
+        _, s1 = r.client(0, 1)
+        om_before = {n: r.cstate[0][OMEGA + n].clone() for n in r.m.shapes}
         theta_star = r.down_fields()
-        r.client(0, 1)
+        _, s2 = r.client(0, 2)
         d = torch.cat([(r.cstate[0][OWN + n] - theta_star[n]).flatten() for n in theta_star])
-        return d, torch.cat([r.cstate[0][OMEGA + n].flatten() for n in theta_star])
+        return d, torch.cat([om_before[n].flatten() for n in theta_star]), s1, s2
 
-    (free, om0), (held, om1) = moved(0.0), moved(1e6)
+    (free, om0, f1, f2), (held, om1, h1, h2) = moved(0.0), moved(1e6)
     assert torch.equal(om0, om1), "the importance does not depend on c"
+    assert h1["penalty_share"] == 0.0 and h1["omega_mean"] == 0.0, "round 1 has no earlier rounds to constrain it"
+    assert h2["omega_mean"] > 0 and h2["penalty_share"] > 0.5, h2
+    assert f2["penalty_share"] == 0.0
     on = om1 > 0           # the penalty acts where Omega > 0 (most entries); elsewhere both runs move alike
     assert on.float().mean() > 0.5
     assert held[on].norm() < 0.3 * free[on].norm(), (held[on].norm(), free[on].norm())
     assert held.norm() < free.norm()
+
+
+def test_fedssi_xi_relative_to_the_moves():
+    """xi scales with the task's mean squared move, so LoRA-sized moves (~1e-3 a entry) are not swamped by the
+    damping: an entry that moved by the typical amount keeps omega / delta^2 up to 1 / (1 + xi); SI's absolute
+    xi = 1e-3 would have divided by ~1e-3 and flattened Omega to omega's shape."""
+    g = torch.Generator().manual_seed(0)
+    delta = {"a": 1e-3 * torch.randn(1000, generator=g), "b": 1e-3 * torch.randn(10, 10, generator=g)}
+    omega = {n: d.abs() * 1e-2 for n, d in delta.items()}
+    omega["a"][:5] = -1.0                                            # moves that raised the loss: no importance
+    imp = importance(omega, delta, 0.1)
+    assert (imp["a"][:5] == 0).all() and all((v >= 0).all() for v in imp.values())
+    m = torch.cat([d.flatten() ** 2 for d in delta.values()]).mean()
+    ratio = imp["b"] * (delta["b"] ** 2 + 0.1 * m) / omega["b"]      # exactly the formula
+    assert torch.allclose(ratio, torch.ones_like(ratio), rtol=1e-4)
+    typical = (delta["b"] ** 2 - m).abs().argmin()
+    assert imp["b"].flatten()[typical] * m / omega["b"].flatten()[typical] > 0.85
+    # the absolute damping flattens: Omega ~ omega / 1e-3, the moves' own scale lost
+    flat = {n: omega[n].clamp(min=0) / (delta[n] ** 2 + 1e-3) for n in omega}
+    assert (flat["b"] * 1e-3 / omega["b"]).min() > 0.99
 
 
 # --- local-only -----------------------------------------------------------------------------------

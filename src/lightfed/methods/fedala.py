@@ -44,7 +44,7 @@ def _spread(xs: list[float]) -> float:
 class Options(lora.Options):
     s: float = 80.0          # percent of the local data that W is learned on
     eta: float = 1.0         # step size of W
-    top: int = 1             # top layers that are aggregated adaptively (the paper's p)
+    top: int = 1             # top layers that are aggregated adaptively (the paper's p); 0: every layer
     k: int = 10              # losses in the convergence window (first ALA)
     threshold: float = 0.1   # first ALA stops when the std of the last k losses is below this
     max_steps: int = 50      # ... or after this many steps
@@ -55,8 +55,8 @@ class Options(lora.Options):
             raise ConfigError(f"s = {self.s}: a percent of the local data, must be in (0, 100]")
         if self.eta <= 0:
             raise ConfigError(f"eta = {self.eta}: must be > 0")
-        if self.top < 1:
-            raise ConfigError(f"top = {self.top}: must be >= 1 layer")
+        if self.top < 0:
+            raise ConfigError(f"top = {self.top}: must be >= 1 layer, or 0 for every layer")
         if self.k < 2:
             raise ConfigError(f"k = {self.k}: the convergence window needs >= 2 losses")
         if self.threshold < 0:
@@ -66,7 +66,9 @@ class Options(lora.Options):
 
 
 def top_layers(names: list[str], p: int) -> set[str]:
-    """The tensors (names in model order) of the top p layers; see the module docstring."""
+    """The tensors (names in model order) of the top p layers (p = 0: every layer); see the module docstring."""
+    if p == 0:
+        return set(names)
     keys = []
     for n in names:
         m = re.search(r"(?:^|\.)\d+\.", n)
@@ -95,7 +97,7 @@ class FedALA(lora.LoRA):
         """theta_init from the broadcast and what the client keeps (learns and stores W); ALA's stats."""
         names = list(self.shapes)
         if not all(OWN + n in ctx.state for n in names):       # first participation: the global model
-            return dict(down), {"ala_steps": 0, "flops": 0.0}
+            return dict(down), {"ala_steps": 0, "flops": 0.0, "ala_one_minus_w": 0.0}
         o, local = self.opts, {n: ctx.state[OWN + n] for n in names}
         top = [n for n in names if n in self.adaptive]
         first = not all(WEIGHT + n in ctx.state for n in top)
@@ -139,7 +141,9 @@ class FedALA(lora.LoRA):
         ctx.state.update({WEIGHT + n: w[n] for n in top})
         start = dict(down)
         start.update({n: local[n] + w[n] * diff[n] for n in top})
-        return start, {"ala_steps": len(losses), "ala_loss": sum(losses) / len(losses), "flops": per_sample * samples}
+        one_minus_w = sum((1 - w[n]).sum().item() for n in top) / sum(w[n].numel() for n in top)
+        return start, {"ala_steps": len(losses), "ala_loss": sum(losses) / len(losses), "flops": per_sample * samples,
+                       "ala_one_minus_w": one_minus_w}   # 0: the global model taken whole; 1: the local kept
 
     def client_update(self, model, down, data, ctx):
         start, ala = self.adapt(model, down, data, ctx)

@@ -8,11 +8,17 @@ Omega is computed on a personalised surrogate: before training, the client train
 steps (same batches, same optimizer) from theta* on  L_k(theta) + (lam / 2) ||theta - theta*||^2,
 accumulating each parameter's contribution to the loss decrease,
     omega_i += -g_i * dtheta_i        (g: the gradient of L_k alone, dtheta: the step's move)
-and normalises it at the end of the task:  Omega_i += max(omega_i, 0) / ((Delta theta_i)^2 + xi).
+and normalises it at the end of the task:  Omega_i += max(omega_i, 0) / ((Delta theta_i)^2 + xi * m),
+m = mean_j (Delta theta_j)^2 (the task's mean squared move).
 
-Choices: each round is a task (Omega accumulates across rounds in ctx.state, "omega.<name>"); a
+Choices: each round is a task (Omega accumulates across rounds in ctx.state, "omega.<name>"); as in
+synaptic intelligence, a task's importance constrains only the tasks after it: the penalty of round t
+uses the Omega of the client's earlier rounds (none on its first participation), and this round's
+importance is added after its training. xi is relative to the task's moves (m above): LoRA's moves are
+~1e-3 per entry, so an absolute xi of 1e-3 (SI's) would swamp (Delta theta)^2 and flatten Omega. A
 negative omega_i (a move that raised the loss) counts as no importance, so Omega >= 0 and the
-penalty only ever pulls toward theta*. The pull: lam = lam0 * d / (1 + d), with
+penalty only ever pulls toward theta*. Stats: `omega_mean` (the scale of the Omega the penalty used),
+`penalty_share` (the penalty's share of the loss trained on). The pull: lam = lam0 * d / (1 + d), with
 d = ||theta_prev - theta*|| / ||theta*|| the relative distance of the client's previous local model
 (kept in ctx.state, "own.<name>") from this round's global model, a proxy of how heterogeneous
 the client is (the further it drifts, the harder its surrogate is pulled to the global knowledge);
@@ -38,7 +44,7 @@ OWN, OMEGA = "own.", "omega."
 @dataclass
 class Options(lora.Options):
     c: float = 0.5       # strength of the SI penalty
-    xi: float = 1e-3     # damping of the normalisation
+    xi: float = 0.1      # damping of the normalisation, relative to the task's mean squared move (SI's 0.1)
     lam: float = 1.0     # lam0: the largest proximal pull of the surrogate
 
     def check(self):
@@ -48,6 +54,14 @@ class Options(lora.Options):
                 raise ConfigError(f"{k} = {getattr(self, k)}: must be >= 0")
         if self.xi <= 0:
             raise ConfigError(f"xi = {self.xi}: must be > 0")
+
+
+def importance(omega: dict, delta: dict, xi: float) -> dict:
+    """SI's normalisation of one task:  max(omega_i, 0) / (delta_i^2 + xi * m),  m = mean_j delta_j^2 over every tensor."""
+    move = {n: d ** 2 for n, d in delta.items()}
+    m = sum(t.sum().item() for t in move.values()) / max(1, sum(t.numel() for t in move.values()))
+    damp = xi * m if m > 0 else xi
+    return {n: omega[n].clamp(min=0) / (move[n] + damp) for n in omega}
 
 
 class FedSSI(lora.LoRA):
@@ -102,26 +116,29 @@ class FedSSI(lora.LoRA):
                     break
         opt.zero_grad(set_to_none=True)
         with torch.no_grad():
-            imp = {n: omega[n].clamp(min=0) / ((p.detach() - down[n]) ** 2 + self.opts.xi) for n, p in params.items()}
+            imp = importance(omega, {n: p.detach() - down[n] for n, p in params.items()}, self.opts.xi)
         return imp, {"surrogate_steps": done, "flops": per_sample * samples}
 
     def client_update(self, model, down, data, ctx):
         lam = self.pull(down, ctx)
         imp, sur = self.surrogate(model, down, data, ctx, lam)
-        for n, t in imp.items():
-            ctx.state[OMEGA + n] = ctx.state[OMEGA + n] + t if OMEGA + n in ctx.state else t
-        omega = {n: ctx.state[OMEGA + n] for n in imp}
+        earlier = {n: ctx.state[OMEGA + n] for n in imp if OMEGA + n in ctx.state}   # the earlier rounds' Omega
         anchor = {n: down[n].detach().clone() for n in imp}          # theta*, fixed during the round
         self.load(model, down)
         params = self.trainable(model)
         cst, co = ctx.cfg, self.opts.c
-        reg = (lambda: co * sum((omega[n] * (p - anchor[n]) ** 2).sum() for n, p in params.items())) if co > 0 else None
+        reg = ((lambda: co * sum((earlier[n] * (p - anchor[n]) ** 2).sum() for n, p in params.items() if n in earlier))
+               if co > 0 and earlier else None)
         stats = local_train(model, list(params.values()), data, ctx.loss, epochs=cst.local_epochs, steps=cst.local_steps,
                             batch_size=cst.batch_size, lr=cst.lr, optimizer=cst.optimizer, weight_decay=cst.weight_decay,
                             generator=ctx.generator(), regularizer=reg)
+        for n, t in imp.items():                                      # this round's importance: for later rounds
+            ctx.state[OMEGA + n] = earlier[n] + t if n in earlier else t
         upload = {n: p.detach() for n, p in params.items()}
         ctx.state.update({OWN + n: t.clone() for n, t in upload.items()})
         stats["flops"] += sur.pop("flops")
-        stats.update(sur, lam=lam)
+        used = sum(t.sum().item() for t in earlier.values()) / max(1, sum(t.numel() for t in earlier.values()))
+        stats.update(sur, lam=lam, omega_mean=used)
+        stats.setdefault("penalty_share", 0.0)
         stats["memory_accounted"]["method_state"] = sum(t.numel() * t.element_size() for t in ctx.state.values())
         return upload, stats

@@ -51,7 +51,7 @@ def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: 
            else torch.optim.SGD(params, lr=lr, weight_decay=weight_decay))
     model.train()
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    done, samples, loss_sum, flops_per_sample, act_bytes = 0, 0, 0.0, 0.0, 0
+    done, samples, loss_sum, reg_sum, flops_per_sample, act_bytes = 0, 0, 0.0, 0.0, 0.0, 0
     while done < total:
         for b in batches(data, batch_size, generator):
             bs = size(b)
@@ -60,13 +60,17 @@ def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: 
                 with FlopCounterMode(display=False) as fc:
                     loss, act_bytes = count_saved_activations(lambda: loss_fn(model, b), param_ptrs)
                     if regularizer is not None:
-                        loss = loss + regularizer()
+                        reg = regularizer()
+                        reg_sum += reg.item()
+                        loss = loss + reg
                     loss.backward()
                 flops_per_sample = fc.get_total_flops() / bs
             else:
                 loss = loss_fn(model, b)
                 if regularizer is not None:
-                    loss = loss + regularizer()
+                    reg = regularizer()
+                    reg_sum += reg.item()
+                    loss = loss + reg
                 loss.backward()
             opt.step()
             loss_sum += loss.item()
@@ -82,6 +86,9 @@ def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: 
         "memory_accounted": {"params": _nbytes(list(model.parameters()) + list(model.buffers())),
                              "grads": _nbytes(grads), "optimizer": _nbytes(opt_state), "activations": act_bytes},
     }
+    if regularizer is not None:     # the penalty's mean and its share of the loss trained on (train_loss includes it)
+        stats["penalty"] = reg_sum / done
+        stats["penalty_share"] = reg_sum / loss_sum if loss_sum > 0 else 0.0
     opt.zero_grad(set_to_none=True)
     del opt
     return stats
