@@ -48,8 +48,10 @@ RECIPE = [
 RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]]      # the order rows were added in (their folders)
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
+            "ce_tokens": 16384, "ce_bucket": 1024,
             "recipe_task": {**TASK, "lengths": "4,8", "depths": "0,0.5,1", "test_per_cell": 24, "validation": True}},
     "smoke": {"recipe": {"rounds": 1, "local_steps": 2}, "rounds": 1, "local_steps": 1, "task": SMOKE_TASK, "runs": "smoke",
+              "ce_tokens": 512, "ce_bucket": 128,
               "recipe_task": {**SMOKE_TASK, "validation": True}},
 }
 BASE = {"task": "passkey", "batch_size": 8, "lr": 1e-2, "dtype": "bf16", "progress": False}
@@ -203,6 +205,25 @@ def adapter_distance(a: dict, b: dict) -> float:
     return float(np.sqrt(num / den)) if den > 0 else float("nan")
 
 
+def ce_curve(model, size: dict, carry: bool) -> list[float]:
+    """Next-token CE along the first `ce_tokens` tokens of Austen's held-out split (never a haystack in training),
+    attention local to 64-token chunks, the memory carried across chunks or emptied at each; mean per bucket."""
+    import torch
+    from lightfed import device
+    from lightfed.data import datasets, niah
+    from lightfed.models import backbones, streaming
+    tok = backbones.smollm2_tokenizer()
+    tok.model_max_length = 10**9
+    text = niah.haystack_split(datasets.load_austen(), "eval")
+    n, bucket = size["ce_tokens"], size["ce_bucket"]
+    ids = torch.tensor([tok(text[: n * 8], add_special_tokens=False)["input_ids"][:n]])
+    model.eval()
+    with device.using("cpu", "bf16"), torch.no_grad():
+        nll, _ = streaming.stream_nll(model, ids, UNIT, carry)
+    k = nll.numel() // bucket
+    return [float(x) for x in nll[: k * bucket].float().view(k, bucket).mean(1)]
+
+
 def by_length(cells: dict) -> dict[str, float]:
     """Exact match per length over the depths outside the question's chunk."""
     out: dict[str, list[float]] = {}
@@ -221,6 +242,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     grid = retrieval_grid(size, seeds, recipe, methods)
     sums = reuse_or_run(grid, workers)
     rows: dict[str, dict] = {}
+    ce: dict[str, list] = {}
     for (label, c), s in zip(grid, sums):
         name = label.rsplit(" s", 1)[0]
         r = rows.setdefault(name, {"seeds": [], "cells": [], "errors": []})
@@ -240,6 +262,8 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             rr["seeds"].append(c["seed"])
             rr["cells"].append(evaluate_model(m, size["task"], UNIT, reset=True))
             rows["FedNL"]["state_bytes"] = sum(b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(m))
+            ce.setdefault("FedNL", []).append(ce_curve(m, size, carry=True))
+            ce.setdefault("FedNL, memory reset per chunk", []).append(ce_curve(m, size, carry=False))
     by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
     for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
         name, seed = label.rsplit(" s", 1)
@@ -248,6 +272,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if ref is not None and base != "FedAvg+LoRA" and sm["config"]["method"] != "fednl":
             rows[name].setdefault("distance_from_fedavg_lora", []).append(adapter_distance(sm, ref))
     back = backbones.smollm2(False, 0)
+    ce["backbone, windowed"] = [ce_curve(back, size, carry=True)]
     for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
         cells = evaluate_model(back, size["task"], window)
         rows[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
@@ -257,6 +282,8 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     retrieval = {name: {str(L): [by_length(c)[str(L)] for c in r["cells"]] for L in lengths} for name, r in rows.items() if r["cells"]}
     return {"rows": rows, "retrieval": retrieval, "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
             "task": size["task"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR}},
+            "ce": {"tokens": size["ce_tokens"], "bucket": size["ce_bucket"], "window": UNIT, "curves": ce,
+                   "trend_last_vs_first": {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in ce.items()}},
             "inference_bytes": {"kv_cache_fp32_per_token": kv_per_token,
                                 "kv_cache_fp32": {str(L): kv_per_token * L * UNIT for L in lengths},
                                 "fednl_state_fp32": rows.get("FedNL", {}).get("state_bytes"),
@@ -349,6 +376,21 @@ def markdown_retrieval(r: dict) -> list[str]:
                 for L_ in sorted(f, key=int):
                     if len(ret[other].get(L_, [])) >= 3:
                         L.append(f"| FedNL above {other} at {L_} chunks | {verdict(f[L_], ret[other][L_], False)} |")
+    ce = r.get("ce")
+    if ce and ce["curves"]:
+        tr = ce["trend_last_vs_first"]
+        L += ["", f"Next-token CE along {ce['tokens']:,} tokens of Austen's held-out text (never a haystack in training), "
+              f"attention local to {ce['window']}-token chunks, the passkey-trained models; trend = CE of the last "
+              f"{ce['bucket']}-token bucket over the first's, minus 1 (negative: the CE falls as the context grows).", "",
+              "| model | mean CE (per seed) | trend last vs first (per seed) |", "|---|---|---|"]
+        for k, vs in ce["curves"].items():
+            L.append(f"| {k} | {', '.join(f'{np.mean(v):.3f}' for v in vs)} | {', '.join(f'{t:+.3f}' for t in tr[k])} |")
+        a_, b_ = tr.get("FedNL", []), tr.get("FedNL, memory reset per chunk", [])
+        if a_ and b_:
+            ok = all(x < y for x, y in zip(a_, b_))
+            L += ["", f"Target, the carried memory's CE trend below the reset model's on every seed: "
+                  f"{('met' if ok else 'missed') if len(a_) >= 3 else 'inconclusive'} "
+                  f"({', '.join(f'{x:+.3f} vs {y:+.3f}' for x, y in zip(a_, b_))})."]
     return L + ["", "![depth x length heat maps and exact match against inference memory](fednl_claims_retrieval.png)", ""]
 
 
@@ -361,10 +403,12 @@ def plot_retrieval(r: dict, path) -> None:
     lens = sorted({int(k.split("/")[0]) for v in rows.values() for c in v["cells"] for k in c})
     deps = sorted({float(k.split("/")[1]) for v in rows.values() for c in v["cells"] for k in c})
     ncol = 4
-    nrow = -(-(len(rows) + 1) // ncol)
+    ce = r.get("ce") or {}
+    extra = 2 if ce.get("curves") else 1
+    nrow = -(-(len(rows) + extra) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.2 * nrow), squeeze=False)
     axes = axes.ravel()
-    for ax in axes[len(rows) + 1:]:
+    for ax in axes[len(rows) + extra:]:
         ax.axis("off")
     for ax, (name, v) in zip(axes, rows.items()):
         grid = np.array([[np.mean([c.get(f"{L}/{d:g}", np.nan) for c in v["cells"]]) for L in lens] for d in deps])
@@ -396,6 +440,15 @@ def plot_retrieval(r: dict, path) -> None:
     ax.set_xscale("log")
     ax.set(xlabel="inference memory for the context (MB, fp32)", ylabel="exact match, needles outside the question's chunk")
     ax.legend(fontsize=5)
+    if extra == 2:
+        ax = axes[len(rows) + 1]
+        for i, (name, vs) in enumerate(ce["curves"].items()):
+            for j, v in enumerate(vs):
+                xs = [(k + 1) * ce["bucket"] for k in range(len(v))]
+                ax.plot(xs, v, "-", color=f"C{i}", alpha=0.8, label=name if j == 0 else None)
+        ax.set(xlabel="position in the stream (tokens)", ylabel="next-token CE (per bucket)")
+        ax.set_title(f"CE along {ce['tokens']:,} tokens, {ce['window']}-token chunks", fontsize=7)
+        ax.legend(fontsize=5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
