@@ -274,8 +274,9 @@ def markdown(res: dict) -> str:
     L = ["# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
          + f"  \nLast date: {res['meta']['date']}; size preset "
-         f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; seeds {res['seeds']}. Streaming setting: attention local to "
-         f"{WINDOW}-token chunks, FedNL's memory carrying across.\n"]
+         f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; each part's seeds are in its command. Streaming setting of "
+         f"bytes/memory/ce/niah/trivia: attention local to {WINDOW}-token chunks, FedNL's memory carrying across (recipe "
+         f"and passkey: 64-token chunks).\n"]
     if "recipe" in res:
         L += R.markdown_recipe(res["recipe"])
     if "passkey" in res:
