@@ -25,6 +25,9 @@ def test_defaults_are_valid():
     ({"method": "lora", "method_options": {"r": "eight"}}, "expected int"),
     ({"method": "fedavg", "method_options": {"codec": "int3"}}, "codec"),
     ({"task_options": {"max_len": 4}}, "max_len"),
+    ({"holdout": "10"}, "client ids must be in"),
+    ({"holdout": "a,b"}, "comma-separated client ids"),
+    ({"holdout": "0,1,2", "clients": 4, "min_clients": 2}, "leaves 1 clients to train"),
 ])
 def test_bad_config_fails_before_work(d, needle):
     with pytest.raises(C.ConfigError, match=needle):

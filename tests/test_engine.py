@@ -52,6 +52,26 @@ def test_same_config_same_result(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_holdout_clients_never_train_and_the_rest_draw_as_before():
+    from lightfed import config as C
+    base = C.from_dict({"clients": 7, "fraction": 0.5})
+    held = C.from_dict({"clients": 7, "fraction": 0.5, "holdout": "6"})
+    assert C.per_round(held) == round(0.5 * 6)
+    seen = set()
+    for rnd in range(1, 40):
+        s = local.sample_clients(held, rnd)
+        assert 6 not in s and len(s) == 3 and len(set(s)) == 3
+        seen.update(s)
+    assert seen == set(range(6))
+    everyone = C.from_dict({"clients": 7, "fraction": 1.0, "holdout": "6"})
+    assert local.sample_clients(everyone, 1) == list(range(6))
+    # without a holdout the draws are the ones every earlier run made
+    import numpy as np
+    for rnd in (1, 2, 3):
+        rng = np.random.default_rng([base.seed, rnd, 7])
+        assert local.sample_clients(base, rnd) == sorted(rng.choice(7, 4, replace=False).tolist())
+
+
 def test_interrupted_run_resumes_to_the_same_result(tmp_path):
     full = local.run(tiny_config("sentiment", "lora", tmp_path / "full", rounds=3), log=lambda *a: None)
     part = local.run(tiny_config("sentiment", "lora", tmp_path / "part", rounds=3), stop_after=1, log=lambda *a: None)

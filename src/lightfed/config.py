@@ -28,6 +28,7 @@ class RunConfig:
     fraction: float = 1.0           # share of clients sampled each round
     min_clients: int = 1            # a round fails if fewer client replies are valid
     partition: str = "iid"          # iid | dirichlet:ALPHA | domain
+    holdout: str = ""               # client ids never sampled to train (e.g. "6"): unseen clients, scored by the global model
     seed: int = 0
     local_epochs: float = 1.0       # epochs over the client's shard (fractions allowed)
     local_steps: int = 0            # if > 0, overrides local_epochs: this many batches
@@ -152,6 +153,19 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return k.strip(), val
 
 
+def holdout_ids(cfg: RunConfig) -> list[int]:
+    """The held-out clients: never sampled to train; the evaluation scores them with the global model."""
+    try:
+        return sorted({int(x) for x in str(cfg.holdout).split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"holdout = {cfg.holdout!r}: comma-separated client ids, e.g. \"6\" or \"0,3\"") from None
+
+
+def per_round(cfg: RunConfig) -> int:
+    """Clients sampled a round: fraction of the clients that train (all but the held-out), at least min_clients."""
+    return max(cfg.min_clients, round(cfg.fraction * (cfg.clients - len(holdout_ids(cfg)))))
+
+
 def validate(cfg: RunConfig) -> None:
     """Checks that need no task or method knowledge. Task/method options are checked by them."""
     def need(ok: bool, msg: str):
@@ -161,6 +175,11 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.clients >= 1, f"clients = {cfg.clients}: need at least 1 client")
     need(cfg.rounds >= 1, f"rounds = {cfg.rounds}: need at least 1 round")
     need(0 < cfg.fraction <= 1, f"fraction = {cfg.fraction}: must be in (0, 1]")
+    held = holdout_ids(cfg)
+    need(all(0 <= c < cfg.clients for c in held), f"holdout = {cfg.holdout!r}: client ids must be in [0, {cfg.clients})")
+    need(per_round(cfg) <= cfg.clients - len(held),
+         f"holdout = {cfg.holdout!r} leaves {cfg.clients - len(held)} clients to train, fewer than the "
+         f"{per_round(cfg)} a round samples (min_clients = {cfg.min_clients})")
     need(1 <= cfg.min_clients <= cfg.clients, f"min_clients = {cfg.min_clients}: must be in [1, clients={cfg.clients}]")
     need(max(1, round(cfg.fraction * cfg.clients)) >= cfg.min_clients,
          f"fraction * clients = {cfg.fraction * cfg.clients:g} samples fewer clients than min_clients = {cfg.min_clients}")

@@ -40,9 +40,11 @@ def derive_seed(seed: int, *parts: int) -> int:
 
 
 def sample_clients(cfg: C.RunConfig, rnd: int) -> list[int]:
-    m = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
+    """This round's clients, drawn from (seed, round) among those that train (never a held-out one)."""
+    held = C.holdout_ids(cfg)
+    pool = [c for c in range(cfg.clients) if c not in held]
     rng = np.random.default_rng([cfg.seed, rnd, 7])
-    return sorted(rng.choice(cfg.clients, m, replace=False).tolist())
+    return sorted(pool[i] for i in rng.choice(len(pool), C.per_round(cfg), replace=False).tolist())
 
 
 def faults(cfg: C.RunConfig, rnd: int, sampled: list[int], shard_sizes: list[int]) -> dict[int, str]:
@@ -195,8 +197,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
     S, out, start, state, client_states, history = begin(cfg, resume is not None, log)
     task, method, model = S.task, S.method, S.model
 
-    per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
-    bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
+    bar = tqdm(total=(cfg.rounds - start) * C.per_round(cfg), disable=not cfg.progress, unit="client", file=sys.stderr)
     for rnd in range(start + 1, cfg.rounds + 1):
         clock, rec = Clock(), {"round": rnd, "clients": []}
         t_round = time.perf_counter()

@@ -119,7 +119,7 @@ def serve(grid: Grid, cfg: C.RunConfig, *, engine: str, threads: int = 0, log=pr
         f"set up in {time.perf_counter() - t_start:.1f} s")
     by_node = {n: c for c, n in nodes.items()}
     key = digest(cfg)
-    per_round = max(cfg.min_clients, round(cfg.fraction * cfg.clients))
+    per_round = C.per_round(cfg)
     bar = tqdm(total=(cfg.rounds - start) * per_round, disable=not cfg.progress, unit="client", file=sys.stderr)
     for rnd in range(start + 1, cfg.rounds + 1):
         clock, rec = Clock(), {"round": rnd, "clients": []}
