@@ -103,8 +103,9 @@ def test_killed_process_resumes_to_the_same_result(tmp_path):
             "--set", "local_steps=2", "--set", "batch_size=8", "--set", "lr=1e-3", "--set", "fraction=0.5",
             "--task-opt", "tiny=true", "--task-opt", "train_size=64", "--task-opt", "test_size=32", "--no-progress"]
     out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}   # the threads of the runs it is compared with
     proc = subprocess.Popen([sys.executable, "-m", "lightfed.cli", "run", *args, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
