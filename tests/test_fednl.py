@@ -210,7 +210,7 @@ def test_niah_task_trains_on_its_own_needles_and_scores_per_template_and_length(
     assert set(s["per_domain"]) == set(T.domains.tolist())
     assert all(set(c) == {"256", "384"} for c in s["cells"].values())
     assert abs(s["final"] - sum(sum(c.values()) for c in s["cells"].values()) / 14) < 1e-9
-    assert set(s["per_client"]) == {str(k) for k in range(7)} and s["bytes"]["up_per_client_round"] > 0
+    assert "per_client" not in s and s["bytes"]["up_per_client_round"] > 0    # no client model differs from the global
     setup = json.loads((tmp_path / "setup.json").read_text())
     assert [len(c["examples"]) if isinstance(c["examples"], list) else c["examples"] for c in setup["clients"]] == [2] * 7
 

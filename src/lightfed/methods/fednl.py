@@ -74,7 +74,8 @@ class FedNL(fedavg.FedAvg):
                     "(benchmarks/results/fednl_claims.md, recipe table: 0.83-0.96 pass-key exact match on validation "
                     "streams of 4-8 chunks after 180 centralised steps; memory in 3 late layers costs 2.5x less a step "
                     "but reached 0.2-0.8 whatever its gate, gate lr, beta or key rank)")
-    personalised = True      # each client's memory is its own (test time); theta is shared
+    personalised = False     # the memory is a stream's own (emptied at each stream's start), not a client's: every
+                             # client tests the global rules, so there is no per-client model to score or export
 
     def prepare(self, model):
         total = len(decoder_layers(model))
