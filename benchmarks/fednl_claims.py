@@ -414,6 +414,7 @@ def main():
     ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
     ap.add_argument("--rows", default="", help="passkey: ';'-separated row labels to train (default: all), e.g. "
                     "'FedNL;FedAvg+LoRA, windowed'")
     common.add_args(ap)
@@ -445,7 +446,8 @@ def main():
         t = time.time()
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
-                                                      set(a.rows.split(";")) if a.rows else None),
+                                                      set(a.rows.split(";")) if a.rows else None,
+                                                      [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":

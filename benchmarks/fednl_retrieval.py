@@ -136,7 +136,8 @@ def part_recipe(size_name: str, workers: int) -> dict:
     return {"rows": rows, "costs": step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
 
 
-def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = None) -> list[tuple[str, dict]]:
+def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = None, baseline_seeds=None) -> list[tuple[str, dict]]:
+    """FedNL over `seeds`; the baselines over `baseline_seeds` (default: the same); `methods`: the row labels kept."""
     fed = {**BASE, "clients": 4, "fraction": 0.5, "rounds": size["rounds"], "local_steps": size["local_steps"],
            "eval_every": size["rounds"], "partition": "iid"}
     g = []
@@ -144,7 +145,7 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
         if methods is None or "FedNL" in methods:
             g.append((f"FedNL s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe,
                                          "task_options": size["task"], "out": str(RUNS / size.get("runs", "") / f"fednl-s{seed}")}))
-        for label, m, mo, slug in BASELINES:
+        for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"
                 if methods is not None and name not in methods:
@@ -153,6 +154,19 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
                                                "task_options": {**size["task"], "window": window},
                                                "out": str(RUNS / size.get("runs", "") / f"{slug}-{window}-s{seed}")}))
     return g
+
+
+def cached(path: Path, key: dict, fn):
+    """fn()'s value, kept in `path` beside what made it (key): an evaluation of a finished run is not redone when the
+    grid is collected again; a different key (task, CE size, code hash) computes it afresh."""
+    if path.is_file():
+        got = json.loads(path.read_text())
+        if got.get("key") == key:
+            return got["value"]
+    v = fn()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "value": v}))
+    return v
 
 
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> dict:
@@ -234,12 +248,13 @@ def by_length(cells: dict) -> dict[str, float]:
     return {L: float(np.mean(v)) for L, v in sorted(out.items(), key=lambda x: int(x[0]))}
 
 
-def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: set[str] | None = None) -> dict:
+def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: set[str] | None = None,
+                   baseline_seeds=None) -> dict:
     import torch
     from lightfed.models import backbones, delta_memory
     torch.set_num_threads(workers)
     size = SIZES[size_name]
-    grid = retrieval_grid(size, seeds, recipe, methods)
+    grid = retrieval_grid(size, seeds, recipe, methods, baseline_seeds)
     sums = reuse_or_run(grid, workers)
     rows: dict[str, dict] = {}
     ce: dict[str, list] = {}
@@ -257,13 +272,20 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if slug in INTERNALS:
             r.setdefault("internals", []).append(internals(s, slug))
         if c["method"] == "fednl":          # the control: the same trained model, its memory emptied at every chunk
-            m = final_model(s)
+            out, key, m = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}, []
+
+            def model():                    # loaded once, only when an evaluation is not already on disk
+                if not m:
+                    m.append(final_model(s))
+                return m[0]
             rr = rows.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
-            rr["cells"].append(evaluate_model(m, size["task"], UNIT, reset=True))
-            rows["FedNL"]["state_bytes"] = sum(b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(m))
-            ce.setdefault("FedNL", []).append(ce_curve(m, size, carry=True))
-            ce.setdefault("FedNL, memory reset per chunk", []).append(ce_curve(m, size, carry=False))
+            rr["cells"].append(cached(out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
+            rows["FedNL"]["state_bytes"] = cached(out / "state-bytes.json", key, lambda: sum(
+                b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(model())))
+            ce.setdefault("FedNL", []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
+            ce.setdefault("FedNL, memory reset per chunk", []).append(
+                cached(out / "ce-reset.json", key, lambda: ce_curve(model(), size, carry=False)))
     by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
     for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
         name, seed = label.rsplit(" s", 1)
@@ -271,10 +293,12 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         ref = by_label.get(f"FedAvg+LoRA, {setting} s{seed}")
         if ref is not None and base != "FedAvg+LoRA" and sm["config"]["method"] != "fednl":
             rows[name].setdefault("distance_from_fedavg_lora", []).append(adapter_distance(sm, ref))
-    back = backbones.smollm2(False, 0)
-    ce["backbone, windowed"] = [ce_curve(back, size, carry=True)]
+    from lightfed.engine.files import source_hash
+    back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "")
+    key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": source_hash()}
+    ce["backbone, windowed"] = [cached(where / "backbone-ce.json", key, lambda: ce_curve(back, size, carry=True))]
     for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
-        cells = evaluate_model(back, size["task"], window)
+        cells = cached(where / f"backbone-{window}.json", key, lambda: evaluate_model(back, size["task"], window))
         rows[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
     cfg = back.config
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
