@@ -380,8 +380,11 @@ def markdown_retrieval(r: dict) -> list[str]:
         f = ret["FedNL"]
         def tgt(L_, thr):
             xs = f.get(str(L_), [])
-            return (f"{'met' if len(xs) >= 3 and min(xs) >= thr else ('missed' if len(xs) >= 3 and max(xs) < thr else 'inconclusive')}"
-                    f" ({', '.join(f'{x:.2f}' for x in xs)})")
+            n_ok = sum(x >= thr for x in xs)
+            word = ("inconclusive (fewer than 3 seeds)" if len(xs) < 3 else "met" if n_ok == len(xs) else "missed" if n_ok == 0
+                    else f"not met on every seed ({n_ok} of {len(xs)}; the mean {np.mean(xs):.2f} is {thr - np.mean(xs):.2f} short)"
+                    if np.mean(xs) < thr else f"not met on every seed ({n_ok} of {len(xs)})")
+            return f"{word} ({', '.join(f'{x:.2f}' for x in xs)})"
         L += ["| target | verdict (per seed) |", "|---|---|",
               f"| FedNL >= 0.9 at 4 chunks | {tgt(4, 0.9)} |", f"| FedNL >= 0.5 at 16 chunks | {tgt(16, 0.5)} |"]
         reset = ret.get("FedNL, memory reset per chunk", {})
