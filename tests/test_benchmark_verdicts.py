@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from common import verdict  # noqa: E402
+from fednl_retrieval import cached, threshold_target  # noqa: E402
 from zoflite_claims import flops_claim  # noqa: E402
 
 
@@ -83,3 +84,23 @@ def test_wilson_interval_matches_a_hand_computation():
     assert abs(lo - (0.5 - half)) < 1e-12 and abs(hi - (0.5 + half)) < 1e-12 and 0.40 < lo < 0.41
     lo0, hi0 = wilson(0.0, 50)
     assert abs(lo0) < 1e-12 and 0.07 < hi0 < 0.072   # the known upper bound 3.84 / 53.84
+
+
+def test_threshold_target_needs_every_seed():
+    assert threshold_target([0.91, 0.95, 0.90], 0.9).startswith("met")
+    assert threshold_target([0.5, 0.6, 0.7], 0.9).startswith("missed")
+    got = threshold_target([0.81, 0.91, 0.44], 0.9)
+    assert got.startswith("not met on every seed (1 of 3; the mean 0.72 is 0.18 short)") and got.endswith("(0.81, 0.91, 0.44)")
+    assert threshold_target([0.84, 0.82, 0.11], 0.5).startswith("not met on every seed (2 of 3)")
+    assert threshold_target([0.95, 0.97], 0.9).startswith("inconclusive")
+
+
+def test_cached_evaluations_are_redone_when_what_made_them_changes(tmp_path):
+    calls = []
+
+    def f(v):
+        return lambda: calls.append(v) or v
+    assert cached(tmp_path / "e.json", {"code": "a"}, f(1)) == 1
+    assert cached(tmp_path / "e.json", {"code": "a"}, f(2)) == 1          # kept: same key, not recomputed
+    assert cached(tmp_path / "e.json", {"code": "b"}, f(3)) == 3          # another code: computed afresh
+    assert calls == [1, 3]
