@@ -335,6 +335,8 @@ def markdown_recipe(r: dict) -> list[str]:
         L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | {cells} | {row['s_per_step']:.2f} |")
     L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):", "",
           "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
+    if r.get("costs_note"):
+        L += ["", f"(Step costs {r['costs_note']}.)"]
     return L + [""]
 
 
