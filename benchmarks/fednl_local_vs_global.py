@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+import fednl_retrieval as R  # noqa: E402
 from lightfed import config as C, device
 from lightfed.data.tensors import subset
 from lightfed.engine import local, protocol as P
 from lightfed.engine.local import derive_seed
 from lightfed.methods.base import ClientContext
-from lightfed.models import streaming
 from lightfed.wire import decode
 
 torch.set_num_threads(1)
@@ -31,12 +32,9 @@ def exact(fields, idx) -> float:
     M.load(model, fields)
     model.eval()
     ss = subset(T.train, idx)
-    ids, tgt = ss["input_ids"], ss["target_mask"]
-    with device.using("cpu", cfg.dtype), torch.no_grad():
-        h = streaming.hidden(model, ids, cfg.task_options.get("window", 64), targets=tgt)
-        sel = tgt[:, 1:]
-        pred = model.lm_head(h[:, :-1][sel]).argmax(-1).view(len(ids), -1)
-    return (pred == ids[:, 1:][sel].view(len(ids), -1)).all(1).float().mean().item()
+    with device.using("cpu", cfg.dtype):
+        hits = R.digit_hits(model, ss["input_ids"], ss["target_mask"], cfg.task_options.get("window", 64))
+    return hits.all(1).float().mean().item()
 
 
 down = P.broadcast(M, state, ROUND, None)

@@ -6,11 +6,11 @@ and even-last-digit passkeys, other draws), (c) the test cells at 4 chunks: exac
 """
 import json, sys
 from pathlib import Path
-import numpy as np, torch
+import torch
 sys.path.insert(0, "benchmarks")
 import fednl_retrieval as R
 from lightfed import device
-from lightfed.models import backbones, streaming
+from lightfed.models import backbones
 from lightfed.tasks import passkey
 torch.set_num_threads(1)
 tok = backbones.smollm2_tokenizer(); tok.model_max_length = 10**9
@@ -24,13 +24,9 @@ for seed in (2, 0):
             "test (eval haystack, odd last digit)": passkey.streams(o, tok, "eval")}
     r = {}
     for name, ss in sets.items():
-        with device.using("cpu", "bf16"), torch.no_grad():
-            ids = torch.stack([x.ids for x in ss]); tgt = torch.stack([x.targets for x in ss])
-            h = streaming.hidden(m, ids, 64, targets=tgt)
-            sel = tgt[:, 1:]
-            pred = m.lm_head(h[:, :-1][sel]).argmax(-1).view(len(ss), -1)
-            gold = ids[:, 1:][sel].view(len(ss), -1)
-        r[name] = {"exact_match": (pred == gold).all(1).float().mean().item(), "digit_acc_per_position": (pred == gold).float().mean(0).tolist()}
+        with device.using("cpu", "bf16"):
+            hits = R.digit_hits(m, torch.stack([x.ids for x in ss]), torch.stack([x.targets for x in ss]))
+        r[name] = {"exact_match": hits.all(1).float().mean().item(), "digit_acc_per_position": hits.float().mean(0).tolist()}
         print(seed, name, r[name], flush=True)
     out[f"s{seed}"] = r
 res = Path("benchmarks/results/fednl_passkey_diag")

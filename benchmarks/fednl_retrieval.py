@@ -18,6 +18,7 @@ its KV cache grows with the input), and the LoRA baselines trained in both setti
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -238,6 +239,18 @@ def ce_curve(model, size: dict, carry: bool) -> list[float]:
     return [float(x) for x in nll[: k * bucket].float().view(k, bucket).mean(1)]
 
 
+def digit_hits(model, ids, tgt, window: int = UNIT):
+    """(B, digits) bool: each answer digit is the argmax given the digits before it (teacher forced), streams (B, T)
+    in one batch; the caller sets the device and dtype."""
+    import torch
+    from lightfed.models import streaming
+    with torch.no_grad():
+        h = streaming.hidden(model, ids, window, targets=tgt)
+        sel = tgt[:, 1:]
+        pred = model.lm_head(h[:, :-1][sel]).argmax(-1).view(len(ids), -1)
+    return pred == ids[:, 1:][sel].view(len(ids), -1)
+
+
 def by_length(cells: dict) -> dict[str, float]:
     """Exact match per length over the depths outside the question's chunk."""
     out: dict[str, list[float]] = {}
@@ -272,12 +285,8 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if slug in INTERNALS:
             r.setdefault("internals", []).append(internals(s, slug))
         if c["method"] == "fednl":          # the control: the same trained model, its memory emptied at every chunk
-            out, key, m = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}, []
-
-            def model():                    # loaded once, only when an evaluation is not already on disk
-                if not m:
-                    m.append(final_model(s))
-                return m[0]
+            out, key = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}
+            model = functools.cache(lambda s=s: final_model(s))   # loaded once, only if an evaluation is not on disk
             rr = rows.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
             rr["cells"].append(cached(out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))

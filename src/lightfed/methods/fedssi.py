@@ -56,10 +56,15 @@ class Options(lora.Options):
             raise ConfigError(f"xi = {self.xi}: must be > 0")
 
 
+def mean_entry(ts: dict) -> float:
+    """The mean over every entry of every tensor (0 for none)."""
+    return sum(t.sum().item() for t in ts.values()) / max(1, sum(t.numel() for t in ts.values()))
+
+
 def importance(omega: dict, delta: dict, xi: float) -> dict:
     """SI's normalisation of one task:  max(omega_i, 0) / (delta_i^2 + xi * m),  m = mean_j delta_j^2 over every tensor."""
     move = {n: d ** 2 for n, d in delta.items()}
-    m = sum(t.sum().item() for t in move.values()) / max(1, sum(t.numel() for t in move.values()))
+    m = mean_entry(move)
     damp = xi * m if m > 0 else xi
     return {n: omega[n].clamp(min=0) / (move[n] + damp) for n in omega}
 
@@ -137,8 +142,7 @@ class FedSSI(lora.LoRA):
         upload = {n: p.detach() for n, p in params.items()}
         ctx.state.update({OWN + n: t.clone() for n, t in upload.items()})
         stats["flops"] += sur.pop("flops")
-        used = sum(t.sum().item() for t in earlier.values()) / max(1, sum(t.numel() for t in earlier.values()))
-        stats.update(sur, lam=lam, omega_mean=used)
+        stats.update(sur, lam=lam, omega_mean=mean_entry(earlier))
         stats.setdefault("penalty_share", 0.0)
         stats["memory_accounted"]["method_state"] = sum(t.numel() * t.element_size() for t in ctx.state.values())
         return upload, stats

@@ -52,6 +52,14 @@ def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: 
     model.train()
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     done, samples, loss_sum, reg_sum, flops_per_sample, act_bytes = 0, 0, 0.0, 0.0, 0.0, 0
+    def penalised(loss):
+        nonlocal reg_sum
+        if regularizer is None:
+            return loss
+        reg = regularizer()
+        reg_sum += reg.item()
+        return loss + reg
+
     while done < total:
         for b in batches(data, batch_size, generator):
             bs = size(b)
@@ -59,18 +67,11 @@ def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: 
             if done == 0:   # measure on the first batch
                 with FlopCounterMode(display=False) as fc:
                     loss, act_bytes = count_saved_activations(lambda: loss_fn(model, b), param_ptrs)
-                    if regularizer is not None:
-                        reg = regularizer()
-                        reg_sum += reg.item()
-                        loss = loss + reg
+                    loss = penalised(loss)
                     loss.backward()
                 flops_per_sample = fc.get_total_flops() / bs
             else:
-                loss = loss_fn(model, b)
-                if regularizer is not None:
-                    reg = regularizer()
-                    reg_sum += reg.item()
-                    loss = loss + reg
+                loss = penalised(loss_fn(model, b))
                 loss.backward()
             opt.step()
             loss_sum += loss.item()
