@@ -64,6 +64,9 @@ BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora
              ("FedALA (p = every layer)", "fedala", {"top": 0}, "fedala"), ("FedSSI", "fedssi", {}, "fedssi")]
 INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
+# FedNL's rows (label, lr_decay, folder slug): the grid's FedNL decays its lr over the rounds (cosine); the first grid's
+# constant lr is kept beside it (seed 2's global model swung from round to round there: fednl_local_vs_global.md)
+FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos"), ("FedNL, constant lr", "none", "fednl")]
 
 
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
@@ -143,9 +146,11 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
            "eval_every": size["rounds"], "partition": "iid"}
     g = []
     for seed in seeds:
-        if methods is None or "FedNL" in methods:
-            g.append((f"FedNL s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe,
-                                         "task_options": size["task"], "out": str(RUNS / size.get("runs", "") / f"fednl-s{seed}")}))
+        for name, decay, slug in FEDNL_ROWS:
+            if methods is None or name in methods:
+                g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe,
+                                              **({"lr_decay": decay} if decay != "none" else {}),   # the first grid's config as it was
+                                              "task_options": size["task"], "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
         for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"
@@ -284,7 +289,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         slug = Path(c["out"]).name.split("-")[0]
         if slug in INTERNALS:
             r.setdefault("internals", []).append(internals(s, slug))
-        if c["method"] == "fednl":          # the control: the same trained model, its memory emptied at every chunk
+        if name == "FedNL":                 # the control: the same trained model, its memory emptied at every chunk
             out, key = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}
             model = functools.cache(lambda s=s: final_model(s))   # loaded once, only if an evaluation is not on disk
             rr = rows.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
@@ -314,7 +319,8 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     lengths = [int(x) for x in size["task"]["lengths"].split(",")]
     retrieval = {name: {str(L): [by_length(c)[str(L)] for c in r["cells"]] for L in lengths} for name, r in rows.items() if r["cells"]}
     return {"rows": rows, "retrieval": retrieval, "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
-            "task": size["task"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR}},
+            "task": size["task"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR},
+            "lr_decay": {"FedNL": "cosine", "others": "none"}},
             "ce": {"tokens": size["ce_tokens"], "bucket": size["ce_bucket"], "window": UNIT, "curves": ce,
                    "trend_last_vs_first": {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in ce.items()}},
             "inference_bytes": {"kv_cache_fp32_per_token": kv_per_token,
@@ -364,7 +370,8 @@ def markdown_retrieval(r: dict) -> list[str]:
     lens = sorted({k.split("/")[0] for row in r["rows"].values() for c in row["cells"] for k in c}, key=int)
     L = ["## Retrieval: the pass key outside the attention window (federated)\n",
          f"Task passkey ({s['task']}), {s['clients']} clients IID, {s['per_round']} a round, {s['rounds']} rounds x "
-         f"{s['local_steps']} local steps of {s['batch']} streams; FedNL's recipe {r['recipe']}; lrs {s['lr']}. Exact match of "
+         f"{s['local_steps']} local steps of {s['batch']} streams; FedNL's recipe {r['recipe']}; lrs {s['lr']}, lr decay over the rounds "
+         f"{s.get('lr_decay', 'none')} (FedNL, constant lr: the first grid, its lr the same in every round). Exact match of "
          "the 7 digits, mean ± sd over seeds, over the depths outside the question's chunk; the last column: the needle in "
          "the question's own chunk.\n",
          "| row | " + " | ".join(f"{L_} chunks ({int(L_) * UNIT} tok)" for L_ in lens) + " | in the question's chunk | seeds |",
@@ -414,7 +421,7 @@ def markdown_retrieval(r: dict) -> list[str]:
             for L_ in sorted(f, key=int):
                 L.append(f"| FedNL vs full attention at {int(L_) * UNIT} tokens | {np.mean(f[L_]):.2f} vs {full[L_][0]:.2f} "
                          f"(memory {ib['fednl_state_fp32'] / 2**20:.2f} MB vs KV {ib['kv_cache_fp32'][L_] / 2**20:.1f} MB) |")
-        for other in ("FedAvg+LoRA, windowed", "FedAvg+LoRA, full attention"):
+        for other in ("FedNL, constant lr", "FedAvg+LoRA, windowed", "FedAvg+LoRA, full attention"):
             if other in ret:
                 for L_ in sorted(f, key=int):
                     if len(ret[other].get(L_, [])) >= 3:

@@ -16,6 +16,7 @@ TINY = {
     "austen": {"tiny": True, "block_len": 32, "train_blocks": 36, "test_blocks": 12},
     "trivia": {"tiny": True, "train_size": 32, "test_size": 16, "max_len": 32},
     "psentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 24},
+    "passkey": {"tiny": True, "train_size": 4, "train_chunks": 2, "lengths": "2", "depths": "0,1", "test_per_cell": 2},
     "niah": {"tiny": True, "train_len": 256, "lengths": "256,384", "train_per_template": 2, "test_per_cell": 1,
              "window": 64, "gen_tokens": 6},
 }

@@ -77,3 +77,32 @@ def test_help_prints_the_examples_unmangled(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "dirichlet:0.1 \\\n                 --opt mu=0.01" in out
+
+
+def test_cosine_lr_decay_scales_every_group_per_round_and_the_stats_say_so(tmp_path, monkeypatch):
+    """lr_decay = cosine: round r of R trains every parameter group at lr x 0.5 (1 + cos(pi (r - 1) / R))."""
+    tiny_task("austen")
+    seen = _lr_seen(monkeypatch)
+    s = local.run(tiny_config("austen", "fednl", tmp_path, rounds=3, fraction=1.0, clients=2, lr=1e-2,
+                              lr_decay="cosine", method_options={"gate_lr": 2e-2}), log=lambda *a: None)
+    scales = [1.0, 0.75, 0.25]                       # 0.5 (1 + cos(0)), 0.5 (1 + cos(pi/3)), 0.5 (1 + cos(2 pi/3))
+    want = [[1e-2 * k, 2e-2 * k] for k in scales for _ in range(2)]    # 2 clients a round, two groups each
+    assert [[round(x, 12) for x in g] for g in seen] == [[round(x, 12) for x in g] for g in want]
+    hist = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [[round(c["lr_scale"], 12) for c in h["clients"]] for h in hist if h["round"] > 0] == [[k, k] for k in scales]
+    assert json.loads((tmp_path / "config.json").read_text())["lr_decay"] == "cosine"
+    assert s["lr"] == {"rules": 1e-2, "gate": 2e-2}        # the lrs asked for; the rounds' factor is in the stats
+
+
+def test_lr_decay_never_reaches_zero_and_is_one_without_decay():
+    cfg = tiny_config("sentiment", "fedavg", rounds=10, lr_decay="cosine")
+    xs = [C.round_lr_scale(cfg, r) for r in range(1, 11)]
+    assert xs[0] == 1.0 and all(a > b for a, b in zip(xs, xs[1:])) and xs[-1] > 0
+    assert C.round_lr_scale(tiny_config("sentiment", "fedavg", rounds=10), 7) == 1.0
+
+
+def test_lr_decay_is_refused_where_the_server_replays_the_lr_and_a_bad_name_fails_early():
+    with pytest.raises(C.ConfigError, match=r"lr_decay = 'cosine': fedspzo keeps one lr.*first-order methods: fedavg"):
+        methods.build(tiny_config("sentiment", "fedspzo", lr_decay="cosine"))
+    with pytest.raises(C.ConfigError, match=r"lr_decay = 'linear': use none or cosine"):
+        local.check(tiny_config("sentiment", "fedavg", lr_decay="linear"))

@@ -1,4 +1,5 @@
-"""Passkey retrieval streams, built at the token level so that every stream is exactly `chunks` x `window` tokens.
+"""Passkey (and RULER-template) retrieval streams, built at the token level: every stream is exactly `chunks` x
+`window` tokens.
 
     [ haystack ... needle ... haystack ... | ... haystack, question, answer ]      (the last chunk holds the question)
     needle    " The pass key is 4817263. Remember it. 4817263 is the pass key."
@@ -10,6 +11,13 @@ a contiguous run of Austen tokens (train: the first 90% of each novel, eval: the
 numbers whose last digit is even for training and odd for evaluation (data/niah.py's split), so no evaluation
 needle was ever trained on. Exact match = every answer digit is the model's argmax given the digits before it
 (teacher forcing): the same as greedy decoding producing the passkey first.
+
+Templates (`template` = a name of data/niah.TASKS): the same geometry with RULER's words (niah.md): the instruction
+opens chunk 0, the asked key's (first) gold needle lies wholly inside chunk floor(depth x (chunks - 1)) as above,
+the template's other needles (more keys, more values, asked or not) at random places between the instruction and
+the question, the haystack Austen's tokens ("book"), the filler sentences ("filler") or distractor needles only
+("needles"); the last chunk ends with the question and the answer " v1, v2, ...", whose non-blank tokens are the
+targets. Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
 """
 from __future__ import annotations
 
@@ -65,3 +73,59 @@ class Builder:
 
     def values(self, k: int, rng: np.random.Generator) -> list[str]:
         return niah._numbers(rng, k, self.split)
+
+    def _enc(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def template_stream(self, name: str, chunks: int, depth: float, rng: np.random.Generator) -> Stream:
+        """One stream of RULER template `name` (data/niah.TASKS), its first gold needle in the chunk `depth` picks."""
+        t, W, T = niah.TASKS[name], self.window, chunks * self.window
+        kind, used = t.value, {}
+        keys = niah._unique(t.key, t.n_keys, rng, self.split, used)
+        values = [niah._unique(kind, t.n_values, rng, self.split, used) for _ in keys]
+        asked = keys[:t.n_queries]
+        golds = [v for vs in values[:t.n_queries] for v in vs]
+        needles = [self._enc(" " + niah.needle(kind, k, v)) for k, vs in zip(keys, values) for v in vs]   # gold first
+        head = self._enc(niah._instruction(kind))
+        a = self._enc(" " + ", ".join(golds))
+        tail = self._enc("\n\n" + niah._question(kind, asked, len(golds))) + a
+        c = chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
+        lo = c * W + (len(head) if c == 0 else 0)                               # the gold needle: wholly in chunk c
+        hi = (T - len(tail) if c == chunks - 1 else (c + 1) * W) - len(needles[0])
+        if hi < lo or len(tail) > W or len(head) + len(tail) + sum(map(len, needles)) > T:
+            raise ValueError(f"template {name}: a {W}-token chunk cannot hold its needle ({len(needles[0])} tokens) "
+                             f"beside the instruction ({len(head)}) or the question and answer ({len(tail)}); use a larger "
+                             f"unit, or another template")
+        spans = [(p := int(rng.integers(lo, hi + 1)), p + len(needles[0]))]
+        for n in needles[1:]:                   # the others: anywhere between the instruction and the question
+            for _ in range(1000):
+                p = int(rng.integers(len(head), T - len(tail) - len(n) + 1))
+                if all(p + len(n) <= s0 or p >= e0 for s0, e0 in spans):
+                    break
+            else:
+                raise ValueError(f"template {name}: no room for {len(needles)} needles in {chunks} chunks of {W} tokens")
+            spans.append((p, p + len(n)))
+        hay = self._haystack(t, T - len(head) - len(tail) - sum(map(len, needles)), rng, used)
+        ids, pos, h = list(head), len(head), 0
+        for i in sorted(range(len(needles)), key=lambda i: spans[i][0]):
+            take = spans[i][0] - pos
+            ids += hay[h:h + take] + needles[i]
+            h, pos = h + take, spans[i][1]
+        ids += hay[h:] + tail
+        assert len(ids) == T, (len(ids), T)
+        tgt = torch.zeros(T, dtype=torch.bool)
+        for j, tok_id in enumerate(a):                                          # the answer's non-blank tokens
+            tgt[T - len(a) + j] = self.tok.decode([tok_id]).strip() != ""
+        return Stream(torch.tensor(ids), tgt, chunks, depth, c, ", ".join(golds))
+
+    def _haystack(self, t: "niah.Template", n: int, rng: np.random.Generator, used: dict) -> list[int]:
+        """n haystack tokens: a contiguous run of the split's text, the filler repeated, or distractor needles."""
+        if t.haystack == "book":
+            s = int(rng.integers(0, len(self.hay) - n))
+            return self.hay[s:s + n].tolist()
+        if t.haystack == "filler":
+            one = self._enc(" " + niah.FILLER)
+            return (one * (n // len(one) + 1))[:n]
+        k = n // 16 + 2                                                         # a needle is >= 16 tokens
+        ds = zip(niah._unique(t.key, k, rng, self.split, used), niah._unique(t.value, k, rng, self.split, used))
+        return self._enc("".join(" " + niah.needle(t.value, key, v) for key, v in ds))[:n]

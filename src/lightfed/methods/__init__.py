@@ -40,4 +40,8 @@ def resolve_lr(cfg: RunConfig) -> RunConfig:
 
 
 def build(cfg: RunConfig) -> Method:
+    if cfg.lr_decay != "none" and not METHODS[cfg.method].lr_decays:
+        raise ConfigError(f"lr_decay = {cfg.lr_decay!r}: {cfg.method} keeps one lr across rounds (its server replays "
+                          f"or estimates with it); lr_decay works with the first-order methods: "
+                          f"{', '.join(n for n, m in METHODS.items() if m.lr_decays)}")
     return METHODS[cfg.method](options(cfg.method, cfg.method_options), resolve_lr(cfg))

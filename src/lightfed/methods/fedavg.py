@@ -14,7 +14,7 @@ import torch
 from lightfed.methods.base import Method, combine
 from lightfed.optim.first_order import local_train
 from lightfed.wire import CODECS, tensor_schema
-from lightfed.config import ConfigError
+from lightfed.config import ConfigError, round_lr_scale
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Options:
 class FedAvg(Method):
     name = "fedavg"
     Options = Options
+    lr_decays = True
 
     def down_schema(self):
         return tensor_schema({n: torch.empty(s) for n, s in self.shapes.items()}, self.opts.codec)
@@ -39,10 +40,12 @@ class FedAvg(Method):
     def client_update(self, model, down, data, ctx):
         self.load(model, down)
         params = self.trainable(model)
-        c = ctx.cfg
-        stats = local_train(model, self.param_groups(model), data, ctx.loss, epochs=c.local_epochs, steps=c.local_steps,
-                            batch_size=c.batch_size, lr=c.lr, optimizer=c.optimizer, weight_decay=c.weight_decay,
+        c, s = ctx.cfg, round_lr_scale(ctx.cfg, ctx.round)
+        groups = [{**g, "lr": g["lr"] * s} for g in self.param_groups(model)]
+        stats = local_train(model, groups, data, ctx.loss, epochs=c.local_epochs, steps=c.local_steps,
+                            batch_size=c.batch_size, lr=c.lr * s, optimizer=c.optimizer, weight_decay=c.weight_decay,
                             generator=ctx.generator(), regularizer=self.regularizer(params, down))
+        stats["lr_scale"] = s
         return {n: p.detach() for n, p in params.items()}, stats
 
     def aggregate(self, state, updates, rnd):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightfed.config import ConfigError
+from lightfed.config import ConfigError, round_lr_scale
 from lightfed.data.tensors import batches, size
 from lightfed.methods import lora
 from lightfed.optim.first_order import local_train
@@ -88,8 +88,9 @@ class FedSSI(lora.LoRA):
         self.load(model, down)
         params = self.trainable(model)
         ps = list(params.values())
-        opt = (torch.optim.AdamW(ps, lr=c.lr, weight_decay=c.weight_decay) if c.optimizer == "adamw"
-               else torch.optim.SGD(ps, lr=c.lr, weight_decay=c.weight_decay))
+        lr = c.lr * round_lr_scale(c, ctx.round)
+        opt = (torch.optim.AdamW(ps, lr=lr, weight_decay=c.weight_decay) if c.optimizer == "adamw"
+               else torch.optim.SGD(ps, lr=lr, weight_decay=c.weight_decay))
         total = c.local_steps if c.local_steps > 0 else max(1, math.ceil(c.local_epochs * math.ceil(size(data) / c.batch_size)))
         omega = {n: torch.zeros_like(p) for n, p in params.items()}
         done, samples, per_sample = 0, 0, 0.0
@@ -134,15 +135,16 @@ class FedSSI(lora.LoRA):
         cst, co = ctx.cfg, self.opts.c
         reg = ((lambda: co * sum((earlier[n] * (p - anchor[n]) ** 2).sum() for n, p in params.items() if n in earlier))
                if co > 0 and earlier else None)
+        s = round_lr_scale(cst, ctx.round)
         stats = local_train(model, list(params.values()), data, ctx.loss, epochs=cst.local_epochs, steps=cst.local_steps,
-                            batch_size=cst.batch_size, lr=cst.lr, optimizer=cst.optimizer, weight_decay=cst.weight_decay,
+                            batch_size=cst.batch_size, lr=cst.lr * s, optimizer=cst.optimizer, weight_decay=cst.weight_decay,
                             generator=ctx.generator(), regularizer=reg)
         for n, t in imp.items():                                      # this round's importance: for later rounds
             ctx.state[OMEGA + n] = earlier[n] + t if n in earlier else t
         upload = {n: p.detach() for n, p in params.items()}
         ctx.state.update({OWN + n: t.clone() for n, t in upload.items()})
         stats["flops"] += sur.pop("flops")
-        stats.update(sur, lam=lam, omega_mean=mean_entry(earlier))
+        stats.update(sur, lam=lam, omega_mean=mean_entry(earlier), lr_scale=s)
         stats.setdefault("penalty_share", 0.0)
         stats["memory_accounted"]["method_state"] = sum(t.numel() * t.element_size() for t in ctx.state.values())
         return upload, stats

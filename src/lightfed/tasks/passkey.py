@@ -7,9 +7,15 @@ Train: `train_size` streams of `train_chunks` x `unit` tokens, the needle in a u
 the question's, the loss on the answer's 7 digits. Test: `test_per_cell` streams per (length, depth) cell,
 lengths in chunks of `unit` tokens, depth 1.0 = the needle in the question's own chunk (reported apart). Metric:
 exact match (every digit right, teacher forced), the mean over all cells; `details` gives it per cell.
+
+`templates`: "passkey" (the above), or a comma-separated list of it and data/niah.TASKS names, or "all" (the seven of
+TEMPLATES7): RULER's needles and questions in the same geometry (data/passkey.py), `train_size` streams of each; the
+domain of a stream is its template (partition = domain: one client per template; holdout: an unseen template).
 """
 from __future__ import annotations
 
+import functools
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +26,11 @@ from lightfed.data import datasets, niah
 from lightfed.data import passkey as P
 from lightfed.models import backbones, lm
 from lightfed.tasks.base import Task, eval_mode
+
+# "all": the headline pass key and six of RULER's templates (niah.md: choose seven). multikey_3 (uuid keys and values)
+# is left out: its question and answer alone take 134 SmolLM2 tokens, more than a chunk of 128; single_2 is the pass
+# key with a key (the pass key stands for it).
+TEMPLATES7 = ("passkey", "single_3", "multikey_1", "multikey_2", "multivalue", "multiquery", "single_1")
 
 
 @dataclass
@@ -36,8 +47,16 @@ class Options:
     validation: bool = False     # test on streams built from the training split (its haystack, its passkeys): the set
                                  # on which settings are chosen, never the evaluation split
     data_seed: int = 0
+    templates: str = "passkey"   # passkey | comma-separated names (passkey, data/niah.TASKS) | all (TEMPLATES7)
+
+    def names(self) -> list[str]:
+        return list(TEMPLATES7) if self.templates == "all" else [t.strip() for t in self.templates.split(",")]
 
     def check(self):
+        bad = [t for t in self.names() if t != "passkey" and t not in niah.TASKS]
+        if bad or len(set(self.names())) != len(self.names()):
+            raise ConfigError(f"passkey: templates = {self.templates!r}: use passkey, all, or distinct names from "
+                              f"passkey, {', '.join(niah.TASKS)}")
         try:
             lens, deps = self.lens(), self.deps()
         except ValueError:
@@ -58,21 +77,31 @@ class Options:
         return [float(x) for x in self.depths.split(",")]
 
 
-def streams(o: Options, tok, split: str, validation: bool = False) -> list[P.Stream]:
-    """The task's streams: the training set (split "train") or the test cells (split "eval"; with validation, built
-    from the training split's haystack and passkeys with other draws)."""
+@functools.lru_cache(maxsize=4)
+def _builder(tok, split: str, unit: int) -> P.Builder:      # the split's haystack tokenised once for every template
+    return P.Builder(tok, niah.haystack_split(datasets.load_austen(), split), unit, split)
+
+
+def streams(o: Options, tok, split: str, validation: bool = False, template: str = "passkey") -> list[P.Stream]:
+    """The task's streams of one template: the training set (split "train") or the test cells (split "eval"; with
+    validation, built from the training split's haystack and keys/values with other draws). The pass key's draws do
+    not depend on the other templates asked for; each other template's draws are its own ([..., crc32(name)])."""
     src = "train" if validation else split
-    b = P.Builder(tok, niah.haystack_split(datasets.load_austen(), src), o.unit, src)
+    b = _builder(tok, src, o.unit)
+    own = [] if template == "passkey" else [zlib.crc32(template.encode())]
+    n = o.train_chunks
     if split == "train":
-        rng = np.random.default_rng([o.data_seed, 21])
+        rng = np.random.default_rng([o.data_seed, 21, *own])
+        if template != "passkey":
+            return [b.template_stream(template, n, int(rng.integers(0, n - 1)) / (n - 1), rng) for _ in range(o.train_size)]
         vals = b.values(o.train_size, rng)
-        n = o.train_chunks
         return [b.stream(n, int(rng.integers(0, n - 1)) / (n - 1), v, rng) for v in vals]
     out = []
     for i, L in enumerate(o.lens()):
         for j, d in enumerate(o.deps()):
-            rng = np.random.default_rng([o.data_seed, 23 if validation else 22, i, j])
-            out += [b.stream(L, d, v, rng) for v in b.values(o.test_per_cell, rng)]
+            rng = np.random.default_rng([o.data_seed, 23 if validation else 22, i, j, *own])
+            out += ([b.template_stream(template, L, d, rng) for _ in range(o.test_per_cell)] if template != "passkey"
+                    else [b.stream(L, d, v, rng) for v in b.values(o.test_per_cell, rng)])
     return out
 
 
@@ -83,10 +112,10 @@ def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, bat
     from lightfed.models import streaming
     dev = model.lm_head.weight.device
     out = [0.0] * len(ss)
-    by_len: dict[int, list[int]] = {}
-    for i, s in enumerate(ss):
-        by_len.setdefault(len(s.ids), []).append(i)
-    for T, idx in sorted(by_len.items()):
+    by_len: dict[tuple[int, int], list[int]] = {}
+    for i, s in enumerate(ss):                      # a batch: one length and one answer size
+        by_len.setdefault((len(s.ids), int(s.targets.sum())), []).append(i)
+    for (T, _), idx in sorted(by_len.items()):
         for j in range(0, len(idx), batch):
             rows = idx[j:j + batch]
             ids = torch.stack([ss[i].ids for i in rows]).to(dev)                          # (B, T)
@@ -107,31 +136,42 @@ def cell(s: P.Stream) -> str:
 def build(o: Options, seed: int) -> Task:
     tok = backbones.smollm2_tokenizer(o.model)
     tok.model_max_length = 10**9
-    train_s, test_s = streams(o, tok, "train"), streams(o, tok, "eval", o.validation)
+    names = o.names()
+    try:
+        train_t = {t: streams(o, tok, "train", template=t) for t in names}
+        test_t = {t: streams(o, tok, "eval", o.validation, template=t) for t in names}
+    except ValueError as e:
+        raise ConfigError(f"passkey: {e}") from None
+    train_s = [s for t in names for s in train_t[t]]
+    test_s = [s for t in names for s in test_t[t]]
+    tmpl = np.array([t for t in names for _ in test_t[t]])
     model = backbones.smollm2(o.tiny, seed, o.model)
 
     def loss(m, b):
         return lm.target_nll(m, b["input_ids"], b["target_mask"], o.window or b["input_ids"].shape[1])
 
     @eval_mode
-    def details(m, data):       # {"passkey": {"<chunks>/<depth>": [exact match per stream]}}
-        picked = [test_s[i] for i in data["idx"].tolist()]
-        cells: dict[str, list[float]] = {}
-        for s, x in zip(picked, exact_match(m, picked, o.window)):
-            cells.setdefault(cell(s), []).append(x)
-        return {"passkey": cells}
+    def details(m, data):       # {template: {"<chunks>/<depth>": [exact match per stream]}}
+        idx = data["idx"].tolist()
+        cells: dict[str, dict[str, list[float]]] = {}
+        for i, x in zip(idx, exact_match(m, [test_s[i] for i in idx], o.window)):
+            cells.setdefault(str(tmpl[i]), {}).setdefault(cell(test_s[i]), []).append(x)
+        return cells
 
     @eval_mode
     def evaluate(m, data):
-        return float(np.mean([x for xs in details(m, data)["passkey"].values() for x in xs]))
+        return float(np.mean([x for t in details(m, data).values() for xs in t.values() for x in xs]))
 
+    labels = torch.tensor([names.index(t) for t in names for _ in train_t[t]])
     train = {"input_ids": torch.stack([s.ids for s in train_s]), "target_mask": torch.stack([s.targets for s in train_s]),
-             "labels": torch.zeros(len(train_s), dtype=torch.long)}
-    test = {"idx": torch.arange(len(test_s)), "labels": torch.zeros(len(test_s), dtype=torch.long)}
+             "labels": labels}
+    test = {"idx": torch.arange(len(test_s)), "labels": torch.tensor([names.index(t) for t in tmpl])}
     c = model.config
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4   # fp32 bytes/token
-    return Task("passkey", "exact_match", True, model, train, test, train["labels"].numpy(), None, loss, evaluate,
+    domains = np.array([t for t in names for _ in train_t[t]])
+    return Task("passkey", "exact_match", True, model, train, test, train["labels"].numpy(), domains, loss, evaluate,
                 {"backbone": o.model or ("tiny-llama" if o.tiny else "SmolLM2-135M-Instruct"), "unit": o.unit,
+                 "templates": names,
                  "window": o.window or "full", "lengths_chunks": o.lens(), "depths": o.deps(),
                  "train_tokens": o.train_chunks * o.unit, "kv_cache_bytes_per_token_fp32": kv},
-                details=details)
+                test_domains=tmpl, details=details)

@@ -1,0 +1,95 @@
+"""The passkey task's streams: exact geometry, the gold needle in the chunk its depth names, answers as targets,
+evaluation needles never trained on; RULER's templates in the same geometry (domain = template)."""
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from lightfed import assets, config as C, tasks
+from lightfed.data import niah
+from lightfed.engine import local
+from lightfed.tasks import passkey as PK
+
+
+@pytest.fixture(scope="module")
+def tok():
+    try:
+        from lightfed.models import backbones
+        return backbones.smollm2_tokenizer("")
+    except assets.AssetMissing as e:
+        pytest.skip(str(e))
+
+
+def _find(ids: list[int], sub: list[int]) -> int:
+    return next(i for i in range(len(ids) - len(sub) + 1) if ids[i:i + len(sub)] == sub)
+
+
+def _gold_needle(tok, name: str, s) -> list[int]:
+    """The tokens of the stream's first gold needle (its key read off the question)."""
+    text = tok.decode(s.ids)
+    q = text.rsplit("\n\n", 1)[1]
+    key = q.split(" for ", 1)[1].split(" mentioned")[0].split(",")[0].split(" and ")[0]
+    first = s.value.split(", ")[0]
+    return tok(" " + niah.needle(niah.TASKS[name].value, key, first), add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("name", PK.TEMPLATES7)
+def test_every_template_stream_is_exact_and_its_gold_needle_sits_in_the_chunk_its_depth_names(tok, name):
+    o = PK.Options(templates=name, unit=128, window=128, lengths="4,8", depths="0,0.5,1", test_per_cell=3)
+    ss = PK.streams(o, tok, "eval", template=name)
+    assert len(ss) == 2 * 3 * 3
+    for s in ss:
+        ids = s.ids.tolist()
+        assert len(ids) == s.chunks * 128
+        want = s.chunks - 1 if s.depth >= 1 else min(int(s.depth * (s.chunks - 1)), s.chunks - 2)
+        assert s.needle_chunk == want
+        if name == "passkey":
+            n = tok(" The pass key is {v}. Remember it. {v} is the pass key.".format(v=s.value), add_special_tokens=False)["input_ids"]
+        else:
+            n = _gold_needle(tok, name, s)
+        at = _find(ids, n)
+        assert at // 128 == want and (at + len(n) - 1) // 128 == want          # wholly inside its chunk
+        # the targets are the answer, at the very end, and spell the gold values
+        t = torch.nonzero(s.targets).flatten()
+        assert t.max() == len(ids) - 1
+        assert tok.decode(s.ids[s.targets]).replace(",", "").replace(" ", "") == s.value.replace(", ", "")
+
+
+def test_evaluation_keys_and_values_were_never_trained_on(tok):
+    for name in ("passkey", "multivalue", "single_3"):
+        o = PK.Options(templates=name, unit=128, window=128, train_size=40, lengths="4", depths="0,0.5", test_per_cell=10)
+        tr = {v for s in PK.streams(o, tok, "train", template=name) for v in s.value.split(", ")}
+        ev = {v for s in PK.streams(o, tok, "eval", template=name) for v in s.value.split(", ")}
+        assert tr and ev and not tr & ev
+        for s in PK.streams(o, tok, "train", template=name):
+            assert s.needle_chunk < s.chunks - 1                              # training needles: outside the question's chunk
+
+
+def test_the_pass_keys_streams_do_not_change_when_other_templates_join(tok):
+    a = PK.Options(templates="passkey", train_size=8, lengths="4", depths="0,1", test_per_cell=2)
+    b = PK.Options(templates="all", train_size=8, lengths="4", depths="0,1", test_per_cell=2)
+    for split in ("train", "eval"):
+        x, y = PK.streams(a, tok, split), PK.streams(b, tok, split, template="passkey")
+        assert all(torch.equal(s.ids, t.ids) and torch.equal(s.targets, t.targets) for s, t in zip(x, y))
+
+
+def test_a_template_too_big_for_the_chunk_or_an_unknown_name_fails_before_any_work():
+    with pytest.raises(C.ConfigError, match=r"multikey_3: a 128-token chunk cannot hold"):
+        tasks.build("passkey", {"tiny": True, "templates": "multikey_3", "unit": 128, "window": 128, "train_size": 2,
+                                "lengths": "4", "depths": "0", "test_per_cell": 1}, 0)
+    with pytest.raises(C.ConfigError, match=r"templates = 'passkey,nope'"):
+        local.check(tiny_config("passkey", "fedavg", task_options={"templates": "passkey,nope"}))
+
+
+def test_templates_are_domains_one_client_each_and_a_held_out_one_is_scored(tmp_path):
+    o = {"tiny": True, "templates": "passkey,multikey_1,multivalue", "unit": 128, "window": 128, "train_size": 4,
+         "train_chunks": 2, "lengths": "2", "depths": "0,1", "test_per_cell": 2}
+    cfg = tiny_config("passkey", "fednl", tmp_path, task_options=o, clients=3, partition="domain",
+                      holdout="2", fraction=1.0, rounds=1, local_steps=1, batch_size=2,
+                      method_options={"layers": "1", "n_layers": 1, "chunk": 64})
+    s = local.run(cfg, log=lambda *a: None)
+    assert set(s["per_domain"]) == {"passkey", "multikey_1", "multivalue"}
+    assert set(s["cells"]["multivalue"]) == {"2/0", "2/1"}
+    hist = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines() if json.loads(l)["round"] > 0]
+    assert all(c["id"] != 2 for h in hist for c in h["clients"])              # the held-out template never trains
