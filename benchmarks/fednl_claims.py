@@ -270,7 +270,7 @@ def fmt(x, nd=3):
 
 
 def markdown(res: dict) -> str:
-    parts = [p for p in ("recipe", "passkey", "bytes", "memory", "ce", "niah", "trivia") if p in res]
+    parts = [p for p in ("recipe", "passkey", "templates", "bytes", "memory", "ce", "niah", "trivia") if p in res]
     L = ["# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
          + f"  \nLast date: {res['meta']['date']}; size preset "
@@ -281,6 +281,8 @@ def markdown(res: dict) -> str:
         L += R.markdown_recipe(res["recipe"])
     if "passkey" in res:
         L += R.markdown_retrieval(res["passkey"])
+    if "templates" in res:
+        L += R.markdown_templates(res["templates"]) + ["![exact match per template and row](fednl_claims_templates.png)", ""]
     if "bytes" in res:
         L += ["## Uplink per client per round (len of the encoded message)\n", "| method | trainable | up bytes | x fewer than FedAvg |", "|---|---|---|---|"]
         L += [f"| {r['label']} | {r['trainable']:,} | {r['up_bytes']:,} | {r['x_fewer_than_fedavg']:,.1f} |" for r in res["bytes"]["rows"]]
@@ -374,6 +376,8 @@ def markdown(res: dict) -> str:
 def plot(res: dict, name: str) -> None:
     if "passkey" in res:
         R.plot_retrieval(res["passkey"], RESULTS / f"{name}_retrieval.png")
+    if "templates" in res:
+        R.plot_templates(res["templates"], RESULTS / f"{name}_templates.png")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -429,7 +433,7 @@ def main():
         mode, n = a.memory_point.split(":")
         print(json.dumps(memory_point(mode, int(n))))
         return
-    parts = ["recipe", "passkey", "bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
+    parts = ["recipe", "passkey", "templates", "bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
     if a.methods:
         keep = [m.strip() for m in a.methods.split(",")]
         bad = [m for m in keep if m not in [x[0] for x in METHODS]]
@@ -448,6 +452,8 @@ def main():
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
                                                       set(a.rows.split(";")) if a.rows else None,
                                                       [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None),
+                  "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
+                                                        set(a.rows.split(";")) if a.rows else None),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":

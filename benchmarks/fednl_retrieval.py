@@ -1,8 +1,9 @@
-"""FedNL's retrieval: the parts `recipe` and `passkey` of benchmarks/fednl_claims.py (results in fednl_claims.json).
+"""FedNL's retrieval: the parts `recipe`, `passkey` and `templates` of benchmarks/fednl_claims.py (fednl_claims.json).
 
     python benchmarks/fednl_claims.py --parts recipe                      # centralised calibration (validation streams)
     python benchmarks/fednl_claims.py --parts passkey --seeds 0,1,2       # the federated passkey grid
-    python benchmarks/fednl_claims.py --parts passkey --size smoke        # every row at toy size
+    python benchmarks/fednl_claims.py --parts templates --seeds 0,1,2     # seven templates, a client each; one unseen
+    python benchmarks/fednl_claims.py --parts passkey,templates --size smoke   # every row at toy size
 
 Setting (task `passkey`, tasks/passkey.py): SmolLM2-135M, streams of 64-token chunks with attention local to each
 chunk, a 7-digit pass key hidden in one chunk of an Austen haystack, the question in the last chunk; exact match of
@@ -12,6 +13,9 @@ it, reported apart), 20 streams a cell; evaluation needles and haystack never me
 
 recipe: one client trains FedNL alone (the same batches for every row) and is scored on validation streams (the
 training split's haystack and passkeys, other draws): what each choice of the recipe buys, and its cost a step.
+templates: the pass key and six RULER templates at 128-token chunks, one client per template (domain partition), FedNL,
+its memory-reset twin, FedNL with one template's client never trained (the unseen client, scored by the global rules),
+the backbone windowed and with full attention, FedALA with full attention (as its paper ran).
 passkey: rows FedNL (federated, 4 clients IID, 2 a round), FedNL with its memory reset at every chunk (the same
 trained models), the frozen backbone windowed and with full attention (the reference a user would otherwise run:
 its KV cache grows with the input), and the LoRA baselines trained in both settings.
@@ -499,6 +503,158 @@ def plot_retrieval(r: dict, path) -> None:
         ax.set(xlabel="position in the stream (tokens)", ylabel="next-token CE (per bucket)")
         ax.set_title(f"CE along {ce['tokens']:,} tokens, {ce['window']}-token chunks", fontsize=7)
         ax.legend(fontsize=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- templates: the pass key and six RULER templates, a client each; an unseen template ---------------------------
+TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: 102 tokens)
+TEMPLATES_TASK = {"templates": "all", "unit": TUNIT, "window": TUNIT, "train_chunks": 4, "train_size": 64,
+                  "lengths": "4,8,16", "depths": "0,0.5,1", "test_per_cell": 20}
+TEMPLATES_SIZES = {
+    "cpu": {"rounds": 12, "local_steps": 20, "per_round": 3, "task": TEMPLATES_TASK},
+    "smoke": {"rounds": 1, "local_steps": 1, "per_round": 2, "runs": "smoke",
+              "task": {**TEMPLATES_TASK, "train_size": 2, "lengths": "4", "depths": "0,1", "test_per_cell": 1}},
+}
+UNSEEN = "single_3"     # the held-out template: clients hold the templates in sorted order (partition.by_domain)
+
+
+def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None) -> list[tuple[str, dict]]:
+    """FedNL on the seven templates (one client each) and with UNSEEN's client held out; FedALA as its paper ran it
+    (full attention within the backbone's context), over `seeds`."""
+    from lightfed.tasks import passkey
+    names = sorted(passkey.TEMPLATES7)
+    fed = {**BASE, "clients": len(names), "fraction": size["per_round"] / len(names), "partition": "domain",
+           "rounds": size["rounds"], "local_steps": size["local_steps"], "eval_every": size["rounds"]}
+    where = RUNS / size.get("runs", "") / "templates"
+    g = []
+    for seed in seeds:
+        for name, c in (("FedNL", {"method": "fednl", "lr_decay": "cosine", "method_options": recipe,
+                                   "task_options": size["task"]}),
+                        (f"FedNL, {UNSEEN} unseen", {"method": "fednl", "lr_decay": "cosine", "method_options": recipe,
+                                                      "holdout": str(names.index(UNSEEN)), "task_options": size["task"]}),
+                        ("FedALA (p = every layer), full attention", {"method": "fedala", "lr": LORA_LR, "method_options": {"top": 0},
+                                                                      "task_options": {**size["task"], "window": 0}})):
+            if rows is None or name in rows:
+                slug = name.split(",")[0].split(" ")[0].lower() + ("-unseen" if "unseen" in name else "")
+                g.append((f"{name} s{seed}", {**fed, **c, "seed": seed, "out": str(where / f"{slug}-s{seed}")}))
+    return g
+
+
+def template_cells(model, task_opts: dict, window: int, reset: bool = False) -> dict:
+    """{template: {cell: exact match}} on the test streams of every template."""
+    from lightfed import device
+    from lightfed.models import backbones
+    from lightfed.tasks import passkey
+    o = passkey.Options(**task_opts)
+    tok = backbones.smollm2_tokenizer()
+    tok.model_max_length = 10**9
+    out = {}
+    model.eval()
+    for t in o.names():
+        ss = passkey.streams(o, tok, "eval", template=t)
+        with device.using("cpu", "bf16"):
+            xs = passkey.exact_match(model, ss, window, reset=reset)
+        cells: dict[str, list[float]] = {}
+        for s, x in zip(ss, xs):
+            cells.setdefault(passkey.cell(s), []).append(x)
+        out[t] = {k: float(np.mean(v)) for k, v in cells.items()}
+    return out
+
+
+def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[str] | None = None) -> dict:
+    """Rows: FedNL (seven clients, a template each), its memory reset per chunk (the same models), FedNL with UNSEEN's
+    client never trained, the frozen backbone windowed and with full attention, FedALA with full attention.
+    Each: {template: {cell: exact match}} per seed."""
+    import torch
+    from lightfed.engine.files import source_hash
+    from lightfed.models import backbones
+    torch.set_num_threads(workers)
+    size = TEMPLATES_SIZES[size_name]
+    grid = templates_grid(size, seeds, recipe, rows)
+    sums = reuse_or_run(grid, workers)
+    out: dict[str, dict] = {}
+    for (label, c), s in zip(grid, sums):
+        name = label.rsplit(" s", 1)[0]
+        r = out.setdefault(name, {"seeds": [], "cells": [], "errors": []})
+        if "error" in s:
+            r["errors"].append(s["error"])
+            continue
+        r["seeds"].append(c["seed"])
+        r["cells"].append(s["cells"])
+        r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
+        if name == "FedNL":
+            key = {"task": size["task"], "code": s.get("code")}
+            rr = out.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
+            rr["seeds"].append(c["seed"])
+            rr["cells"].append(cached(Path(s["out"]) / "eval-reset.json", key,
+                                      lambda s=s: template_cells(final_model(s), size["task"], TUNIT, reset=True)))
+    back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "") / "templates"
+    key = {"task": size["task"], "code": source_hash()}
+    for name, window in (("backbone, windowed", TUNIT), ("backbone, full attention", 0)):
+        cells = cached(where / f"backbone-{window}.json", key, lambda: template_cells(back, size["task"], window))
+        out[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
+    # {row: {template: [per seed: mean exact match over the lengths and depths outside the question's chunk]}}
+    summary = {name: {t: [float(np.mean(list(by_length(c[t]).values()))) for c in r["cells"]] for t in r["cells"][0]}
+               for name, r in out.items() if r["cells"]}
+    return {"rows": out, "by_template": summary, "unseen": UNSEEN, "recipe": recipe, "setting": {"size": size_name, **size, "lr": {
+        "fednl": BASE["lr"], "fedala": LORA_LR}, "lr_decay": {"FedNL": "cosine", "FedALA": "none"}}}
+
+
+def markdown_templates(r: dict) -> list[str]:
+    s = r["setting"]
+    ts = sorted({t for row in r["by_template"].values() for t in row})
+    L = ["## Seven templates at 128-token chunks: a client each, one never trained\n",
+         f"Task passkey with templates = all ({s['task']}): the pass key and six RULER templates (niah.md; multikey_3 left "
+         f"out: its question and answer take 134 tokens, more than a chunk), one client each ({len(ts)} clients, "
+         f"{s['per_round']} a round, {s['rounds']} rounds x {s['local_steps']} local steps of {BASE['batch_size']} streams); "
+         f"lrs {s['lr']}, lr decay {s['lr_decay']}. Exact match of the answer (teacher forced), mean over the lengths and the "
+         f"depths outside the question's chunk, mean ± sd over seeds. '{r['unseen']}' is the template whose client the "
+         "unseen run never trains.\n",
+         "| row | " + " | ".join(ts) + " | mean over templates | seeds |", "|---|" + "---|" * (len(ts) + 2)]
+    for name, row in r["rows"].items():
+        if not row["cells"]:
+            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | failed: {row['errors'][0][:60] if row['errors'] else ''} |")
+            continue
+        bt = r["by_template"][name]
+        mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row["cells"]))]
+        L.append(f"| {name} | " + " | ".join(_ms(bt.get(t, [])) for t in ts) + f" | {_ms(mean)} | "
+                 f"{', '.join(map(str, row['seeds']))} |")
+    bt = r["by_template"]
+    un = f"FedNL, {r['unseen']} unseen"
+    if un in bt and r["unseen"] in bt[un]:
+        seen = [float(np.mean([bt[un][t][i] for t in ts if t != r["unseen"]])) for i in range(len(bt[un][r["unseen"]]))]
+        L += ["", f"The unseen template beside the seen ones (the run that never trains {r['unseen']}): "
+              f"{_ms(bt[un][r['unseen']])} on it vs {_ms(seen)} over the six it trained on."]
+    if "FedNL" in bt and "FedALA (p = every layer), full attention" in bt:
+        a = [float(np.mean([bt["FedNL"][t][i] for t in ts])) for i in range(len(bt["FedNL"][ts[0]]))]
+        b = [float(np.mean([bt["FedALA (p = every layer), full attention"][t][i] for t in ts]))
+             for i in range(len(bt["FedALA (p = every layer), full attention"][ts[0]]))]
+        L += ["", f"FedNL's mean over templates (attention local to {TUNIT}-token chunks, memory carried) against FedALA's "
+              f"(full attention over the whole stream, its KV cache growing with it): {_ms(a)} vs {_ms(b)}; "
+              f"FedNL above FedALA: {verdict(a, b, False) if min(len(a), len(b)) >= 3 else 'inconclusive (fewer than 3 seeds)'}."]
+    return L + [""]
+
+
+def plot_templates(r: dict, path) -> None:
+    """Exact match outside the question's chunk, per row (mean over seeds) and template."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bt = r["by_template"]
+    ts = sorted({t for row in bt.values() for t in row})
+    names = list(bt)
+    grid = np.array([[np.mean(bt[n][t]) if bt[n].get(t) else np.nan for t in ts] for n in names])
+    fig, ax = plt.subplots(figsize=(1.1 * len(ts) + 3, 0.5 * len(names) + 1.5))
+    ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(ts)), [t + (" (unseen)" if t == r["unseen"] else "") for t in ts], rotation=30, fontsize=7, ha="right")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    for i in range(len(names)):
+        for j in range(len(ts)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if grid[i, j] < 0.5 else "black")
+    ax.set_title(f"exact match outside the question's chunk ({TUNIT}-token chunks; mean over lengths, depths, seeds)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
