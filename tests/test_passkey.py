@@ -93,3 +93,19 @@ def test_templates_are_domains_one_client_each_and_a_held_out_one_is_scored(tmp_
     assert set(s["cells"]["multivalue"]) == {"2/0", "2/1"}
     hist = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines() if json.loads(l)["round"] > 0]
     assert all(c["id"] != 2 for h in hist for c in h["clients"])              # the held-out template never trains
+
+
+def test_lm_weight_adds_the_streams_other_tokens_nll_from_the_same_forward():
+    from lightfed.models import backbones, lm
+    torch.manual_seed(0)
+    model = backbones.smollm2(True, 0).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 24))
+    tm = torch.zeros(2, 24, dtype=torch.bool)
+    tm[:, -3:] = True
+    with torch.no_grad():
+        logp = model(input_ids=ids).logits[:, :-1].float().log_softmax(-1)          # full attention: window = T
+        nll = -logp.gather(2, ids[:, 1:, None])[..., 0]                             # (2, 23)
+        want = nll[tm[:, 1:]].mean() + 0.3 * nll[~tm[:, 1:]].mean()
+        got = lm.target_nll(model, ids, tm, 24, lm_weight=0.3)
+        only = lm.target_nll(model, ids, tm, 24)
+    assert torch.allclose(got, want, atol=1e-4) and torch.allclose(only, nll[tm[:, 1:]].mean(), atol=1e-4)

@@ -35,12 +35,20 @@ def option_scores(lm: nn.Module, ids, attn, tmask, h=None) -> torch.Tensor:
     return (total / count.clamp_min(1)).view(B, K)
 
 
-def target_nll(lm: nn.Module, ids: torch.Tensor, tmask: torch.Tensor, window: int) -> torch.Tensor:
+def target_nll(lm: nn.Module, ids: torch.Tensor, tmask: torch.Tensor, window: int, lm_weight: float = 0.0) -> torch.Tensor:
     """Mean NLL of the tokens marked in tmask (B, T), predicted through the chunked stream (models/streaming.py:
-    attention local to `window`-token chunks, FedNL's memory carrying across)."""
+    attention local to `window`-token chunks, FedNL's memory carrying across).
+    lm_weight > 0 adds lm_weight x the mean NLL of every other token of the stream (language modelling along it:
+    what the memory must not harm), from the same forward; the LM head then sees every position."""
     from lightfed.models import streaming
-    h = streaming.hidden(lm, ids, window, targets=tmask)                  # (B, T, d)
+    h = streaming.hidden(lm, ids, window, targets=tmask if lm_weight == 0 else None)   # (B, T, d)
     sel = tmask[:, 1:]                                                    # token t is predicted at t - 1
     logits = lm.lm_head(h[:, :-1][sel])                                   # (P, V)
     logits = logits if logits.dtype == torch.float64 else logits.float()
-    return F.cross_entropy(logits, ids[:, 1:][sel])
+    loss = F.cross_entropy(logits, ids[:, 1:][sel])
+    if lm_weight > 0:
+        rest = ~sel                                                       # (B, T - 1): the stream's other tokens
+        rl = lm.lm_head(h[:, :-1][rest])                                  # (P', V)
+        rl = rl if rl.dtype == torch.float64 else rl.float()
+        loss = loss + lm_weight * F.cross_entropy(rl, ids[:, 1:][rest])
+    return loss

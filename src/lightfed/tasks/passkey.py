@@ -48,6 +48,8 @@ class Options:
                                  # on which settings are chosen, never the evaluation split
     data_seed: int = 0
     templates: str = "passkey"   # passkey | comma-separated names (passkey, data/niah.TASKS) | all (TEMPLATES7)
+    lm_weight: float = 0.0       # > 0: the training loss adds lm_weight x the NLL of every other token of the stream
+                                 # (the memory learns to answer without harming language modelling along the stream)
 
     def names(self) -> list[str]:
         return list(TEMPLATES7) if self.templates == "all" else [t.strip() for t in self.templates.split(",")]
@@ -67,6 +69,8 @@ class Options:
             raise ConfigError(f"passkey: depths = {self.depths!r} must lie in [0, 1]")
         if self.unit < 48 or self.window < 0 or 0 < self.window < self.unit or self.window % self.unit:
             raise ConfigError(f"passkey: unit = {self.unit} (>= 48) and window = {self.window} (0, or a multiple of unit)")
+        if self.lm_weight < 0:
+            raise ConfigError(f"passkey: lm_weight = {self.lm_weight}: must be >= 0")
         if self.train_size < 1 or self.test_per_cell < 1:
             raise ConfigError("passkey: train_size and test_per_cell must be >= 1")
 
@@ -148,7 +152,7 @@ def build(o: Options, seed: int) -> Task:
     model = backbones.smollm2(o.tiny, seed, o.model)
 
     def loss(m, b):
-        return lm.target_nll(m, b["input_ids"], b["target_mask"], o.window or b["input_ids"].shape[1])
+        return lm.target_nll(m, b["input_ids"], b["target_mask"], o.window or b["input_ids"].shape[1], o.lm_weight)
 
     @eval_mode
     def details(m, data):       # {template: {"<chunks>/<depth>": [exact match per stream]}}
