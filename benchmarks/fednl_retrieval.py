@@ -513,7 +513,7 @@ TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query ques
 TEMPLATES_TASK = {"templates": "all", "unit": TUNIT, "window": TUNIT, "train_chunks": 4, "train_size": 64,
                   "lengths": "4,8,16", "depths": "0,0.5,1", "test_per_cell": 20}
 TEMPLATES_SIZES = {
-    "cpu": {"rounds": 12, "local_steps": 20, "per_round": 3, "task": TEMPLATES_TASK},
+    "cpu": {"rounds": 10, "local_steps": 15, "per_round": 3, "task": TEMPLATES_TASK},     # 450 steps of 512 tokens
     "smoke": {"rounds": 1, "local_steps": 1, "per_round": 2, "runs": "smoke",
               "task": {**TEMPLATES_TASK, "train_size": 2, "lengths": "4", "depths": "0,1", "test_per_cell": 1}},
 }
