@@ -149,34 +149,21 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
 
 
 def final_model(summary: dict):
-    """The run's final global model (from its checkpoint), ready to evaluate."""
-    from lightfed import config as C
-    from lightfed.engine import local
-    cfg = C.from_dict(summary["config"])
-    S = local.build(cfg)
-    _, state, _, _ = local.load_checkpoint(Path(summary["out"]))
-    S.method.load(S.model, state)
-    return S.model.eval()
+    """The run's final global model (from its checkpoint), fp32, ready to evaluate."""
+    return R.final_model(summary, "fp32")
 
 
 def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
-    from lightfed.models import streaming
-    nll, _ = streaming.stream_nll(model, ids, WINDOW, carry)
-    n = nll.numel() // bucket
-    return [float(x) for x in nll[: n * bucket].view(n, bucket).mean(1)]
+    return R.ce_buckets(model, ids, WINDOW, bucket, carry)
 
 
 def part_ce(size: dict, seeds, workers) -> dict:
     import torch
-    from lightfed.data import datasets, niah
     from lightfed.models import backbones
     torch.set_num_threads(2)
     to = {**size["austen"], "window": WINDOW}
     g, sums = grid(size, "austen", to, 6, seeds, [m for m in METHODS if m[0] in ("FedNL", "FedAvg+LoRA")], "austen", workers)
-    tok = backbones.smollm2_tokenizer()
-    tok.model_max_length = 10**9
-    text = niah.haystack_split(datasets.load_austen(), "eval")
-    ids = torch.tensor([tok(text[: size["ce_tokens"] * 8], add_special_tokens=False)["input_ids"][: size["ce_tokens"]]])
+    ids = R.heldout_austen_ids(size["ce_tokens"])
     curves = {"frozen backbone": ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"])}
     for (label, _), s in zip(g, sums):
         if "error" not in s:

@@ -197,15 +197,16 @@ def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> 
     return {k: float(np.mean(v)) for k, v in cells.items()}
 
 
-def final_model(summary: dict):
+def final_model(summary: dict, dtype: str = "bf16"):
+    """The run's final global model (from its checkpoint) on the CPU in `dtype`, in eval mode."""
     from lightfed import config as C, device
     from lightfed.engine import local
     cfg = C.from_dict(summary["config"])
     S = local.build(cfg)
     _, state, _, _ = local.load_checkpoint(Path(summary["out"]))
     S.method.load(S.model, state)
-    device.place(S.model, "cpu", "bf16")
-    return S.model
+    device.place(S.model, "cpu", dtype)
+    return S.model.eval()
 
 
 def internals(summary: dict, slug: str) -> dict[str, float]:
@@ -229,23 +230,33 @@ def adapter_distance(a: dict, b: dict) -> float:
     return float(np.sqrt(num / den)) if den > 0 else float("nan")
 
 
-def ce_curve(model, size: dict, carry: bool) -> list[float]:
-    """Next-token CE along the first `ce_tokens` tokens of Austen's held-out split (never a haystack in training),
-    attention local to 64-token chunks, the memory carried across chunks or emptied at each; mean per bucket."""
+def heldout_austen_ids(n: int):
+    """(1, n) SmolLM2 token ids: the start of Austen's held-out split (never a haystack or a training block)."""
     import torch
-    from lightfed import device
     from lightfed.data import datasets, niah
-    from lightfed.models import backbones, streaming
+    from lightfed.models import backbones
     tok = backbones.smollm2_tokenizer()
     tok.model_max_length = 10**9
     text = niah.haystack_split(datasets.load_austen(), "eval")
-    n, bucket = size["ce_tokens"], size["ce_bucket"]
-    ids = torch.tensor([tok(text[: n * 8], add_special_tokens=False)["input_ids"][:n]])
-    model.eval()
-    with device.using("cpu", "bf16"), torch.no_grad():
-        nll, _ = streaming.stream_nll(model, ids, UNIT, carry)
+    return torch.tensor([tok(text[: n * 8], add_special_tokens=False)["input_ids"][:n]])
+
+
+def ce_buckets(model, ids, window: int, bucket: int, carry: bool = True) -> list[float]:
+    """Next-token CE along `ids` (1, T), attention local to `window`-token chunks, the memory carried across chunks or
+    emptied at each (the ablation); the mean per `bucket` tokens."""
+    from lightfed.models import streaming
+    nll, _ = streaming.stream_nll(model, ids, window, carry)
     k = nll.numel() // bucket
     return [float(x) for x in nll[: k * bucket].float().view(k, bucket).mean(1)]
+
+
+def ce_curve(model, size: dict, carry: bool) -> list[float]:
+    """CE per bucket along the first `ce_tokens` held-out Austen tokens, 64-token chunks, in bf16."""
+    import torch
+    from lightfed import device
+    model.eval()
+    with device.using("cpu", "bf16"), torch.no_grad():
+        return ce_buckets(model, heldout_austen_ids(size["ce_tokens"]), UNIT, size["ce_bucket"], carry)
 
 
 def digit_hits(model, ids, tgt, window: int = UNIT):
