@@ -104,3 +104,24 @@ def test_cached_evaluations_are_redone_when_what_made_them_changes(tmp_path):
     assert cached(tmp_path / "e.json", {"code": "a"}, f(2)) == 1          # kept: same key, not recomputed
     assert cached(tmp_path / "e.json", {"code": "b"}, f(3)) == 3          # another code: computed afresh
     assert calls == [1, 3]
+
+
+@pytest.mark.parametrize("size", ["cpu", "smoke"])
+def test_every_config_of_the_fednl_retrieval_grids_validates_and_the_unseen_client_holds_the_unseen_template(size):
+    from lightfed import config as C, methods
+    from lightfed.data import partition
+    from lightfed.engine import local
+    from lightfed.tasks import passkey
+    import fednl_retrieval as R
+    from fednl_claims import RECIPE
+    grids = R.retrieval_grid(R.SIZES[size], [0, 1, 2], RECIPE) + R.templates_grid(R.TEMPLATES_SIZES[size], [0, 1, 2], RECIPE)
+    for _, c in grids:
+        cfg = C.from_dict(c)
+        local.check(cfg)
+        methods.build(cfg)                          # lr_decay and every method option accepted
+    names = sorted(passkey.TEMPLATES7)
+    shards = partition.by_domain([t for t in names for _ in range(3)], len(names), 0)
+    held = [c for label, c in R.templates_grid(R.TEMPLATES_SIZES[size], [0], RECIPE) if "unseen" in label][0]
+    assert {[t for t in names for _ in range(3)][i] for i in shards[int(held["holdout"])]} == {R.UNSEEN}
+    fednl = [c for label, c in grids if c["method"] == "fednl"]
+    assert {c.get("lr_decay", "none") for c in fednl} == {"cosine", "none"}     # the grid and the first grid's constant lr
