@@ -438,9 +438,10 @@ def main():
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
                                                       set(a.rows.split(";")) if a.rows else None,
-                                                      [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None),
+                                                      [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None,
+                                                      a.from_runs),
                   "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
-                                                        set(a.rows.split(";")) if a.rows else None),
+                                                        set(a.rows.split(";")) if a.rows else None, a.from_runs),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":

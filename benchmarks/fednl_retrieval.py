@@ -282,13 +282,13 @@ def by_length(cells: dict) -> dict[str, float]:
 
 
 def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: set[str] | None = None,
-                   baseline_seeds=None) -> dict:
+                   baseline_seeds=None, from_runs: bool = False) -> dict:
     import torch
     from lightfed.models import backbones, delta_memory
     torch.set_num_threads(workers)
     size = SIZES[size_name]
     grid = retrieval_grid(size, seeds, recipe, methods, baseline_seeds)
-    sums = reuse_or_run(grid, workers)
+    sums = reuse_or_run(grid, workers, from_runs)
     rows: dict[str, dict] = {}
     ce: dict[str, list] = {}
     for (label, c), s in zip(grid, sums):
@@ -574,7 +574,8 @@ def template_cells(model, task_opts: dict, window: int, reset: bool = False) -> 
     return out
 
 
-def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[str] | None = None) -> dict:
+def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[str] | None = None,
+                   from_runs: bool = False) -> dict:
     """Rows: FedNL (seven clients, a template each), its memory reset per chunk (the same models), FedNL with UNSEEN's
     client never trained, the frozen backbone windowed and with full attention, FedALA with full attention.
     Each: {template: {cell: exact match}} per seed."""
@@ -584,7 +585,7 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
     torch.set_num_threads(workers)
     size = TEMPLATES_SIZES[size_name]
     grid = templates_grid(size, seeds, recipe, rows)
-    sums = reuse_or_run(grid, workers)
+    sums = reuse_or_run(grid, workers, from_runs)
     out: dict[str, dict] = {}
     for (label, c), s in zip(grid, sums):
         name = label.rsplit(" s", 1)[0]
