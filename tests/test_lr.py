@@ -118,3 +118,14 @@ def test_a_run_that_sets_no_lr_decay_takes_the_methods_and_an_explicit_one_wins(
         scales = {c["lr_scale"] for h in hist if h["round"] == 2 for c in h["clients"]}
         assert scales == ({0.5} if want == "cosine" else {1.0}), scales
     assert methods.build(tiny_config("sentiment", "fedspzo")).cfg.lr_decay == "none"   # zeroth order: never decays
+
+
+def test_a_flower_nodes_config_digest_is_the_same_before_and_after_the_method_fills_in_lr_and_lr_decay():
+    """The server digests its config after building the method (lr, lr_decay resolved), a node before: one digest."""
+    pytest.importorskip("flwr")
+    from lightfed.engine.flower.config import digest
+    for name in ("fedavg", "fednl", "fedspzo"):
+        unset = tiny_config("austen" if name == "fednl" else "sentiment", name, lr=0.0, lr_decay="")
+        built = methods.build(tiny_config("austen" if name == "fednl" else "sentiment", name, lr=0.0, lr_decay="")).cfg
+        assert (unset.lr, unset.lr_decay) == (0.0, "") and digest(unset) == digest(built), name
+    assert digest(tiny_config("sentiment", "fedavg", lr_decay="cosine")) != digest(tiny_config("sentiment", "fedavg"))
