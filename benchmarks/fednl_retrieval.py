@@ -77,7 +77,7 @@ def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
     out = []
     for label, mo, to in rows:
         i = [r[0] for r in RECIPE_ORDER].index(label)                 # the row's folder: fixed by when it was added
-        c = {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, **size["recipe"],
+        c = {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, "lr_decay": "none", **size["recipe"],
              "eval_every": size["recipe"]["rounds"], "method_options": mo, "task_options": {**size["recipe_task"], **to},
              "out": str(RUNS / size.get("runs", "") / f"recipe-{i:02d}")}
         out.append((label, c))
@@ -152,8 +152,7 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
     for seed in seeds:
         for name, decay, slug in FEDNL_ROWS:
             if methods is None or name in methods:
-                g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe,
-                                              **({"lr_decay": decay} if decay != "none" else {}),   # the first grid's config as it was
+                g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe, "lr_decay": decay,
                                               "task_options": size["task"], "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
         for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):

@@ -67,7 +67,7 @@ def test_a_method_option_lr_is_refused_with_where_the_lr_goes():
 def test_lightfed_list_shows_each_methods_recommended_lr(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "flite          lr 0.01;" in out and "fednl          lr 0.01;" in out and "vera           lr 0.005;" in out
+    assert "flite          lr 0.01;" in out and "fednl          lr 0.01, lr_decay cosine;" in out and "vera           lr 0.005;" in out
     assert "--set lr=X always wins" in out
     assert "the head frozen (orthogonal), not trained as flite's" in out     # zoflite says why its defaults differ
 
@@ -106,3 +106,26 @@ def test_lr_decay_is_refused_where_the_server_replays_the_lr_and_a_bad_name_fail
         methods.build(tiny_config("sentiment", "fedspzo", lr_decay="cosine"))
     with pytest.raises(C.ConfigError, match=r"lr_decay = 'linear': use none or cosine"):
         local.check(tiny_config("sentiment", "fedavg", lr_decay="linear"))
+
+
+def test_a_run_that_sets_no_lr_decay_takes_the_methods_and_an_explicit_one_wins(tmp_path):
+    tiny_task("austen")
+    for given, want in (("", "cosine"), ("none", "none")):
+        out = tmp_path / (given or "unset")
+        s = local.run(tiny_config("austen", "fednl", out, rounds=2, lr_decay=given), log=lambda *a: None)
+        assert json.loads((out / "config.json").read_text())["lr_decay"] == want
+        hist = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+        scales = {c["lr_scale"] for h in hist if h["round"] == 2 for c in h["clients"]}
+        assert scales == ({0.5} if want == "cosine" else {1.0}), scales
+    assert methods.build(tiny_config("sentiment", "fedspzo")).cfg.lr_decay == "none"   # zeroth order: never decays
+
+
+def test_a_flower_nodes_config_digest_is_the_same_before_and_after_the_method_fills_in_lr_and_lr_decay():
+    """The server digests its config after building the method (lr, lr_decay resolved), a node before: one digest."""
+    pytest.importorskip("flwr")
+    from lightfed.engine.flower.config import digest
+    for name in ("fedavg", "fednl", "fedspzo"):
+        unset = tiny_config("austen" if name == "fednl" else "sentiment", name, lr=0.0, lr_decay="")
+        built = methods.build(tiny_config("austen" if name == "fednl" else "sentiment", name, lr=0.0, lr_decay="")).cfg
+        assert (unset.lr, unset.lr_decay) == (0.0, "") and digest(unset) == digest(built), name
+    assert digest(tiny_config("sentiment", "fedavg", lr_decay="cosine")) != digest(tiny_config("sentiment", "fedavg"))

@@ -146,11 +146,13 @@ def cmd_list() -> int:
         print(f"  {name:10s} {opts(t.Options)}")
     print("methods:")
     for name, m in methods.METHODS.items():
-        print(f"  {name:14s} {f'lr {m.lr:g}' if m.lr else 'no lr (closed form)'}; {opts(m.Options)}")
+        decay = f", lr_decay {m.lr_decay}" if m.lr_decay != "none" else ""
+        print(f"  {name:14s} {f'lr {m.lr:g}' if m.lr else 'no lr (closed form)'}{decay}; {opts(m.Options)}")
         if getattr(m, "defaults_why", ""):
             print(f"  {'':14s} ({m.defaults_why})")
     print("partitions: iid | dirichlet:ALPHA | domain (trivia: subject groups; austen: novels)")
-    print("lr: each method's recommended lr, used when the run sets none (lr = 0); --set lr=X always wins")
+    print("lr: each method's recommended lr, used when the run sets none (lr = 0); --set lr=X always wins; likewise "
+          "lr_decay (none unless shown; --set lr_decay=none|cosine)")
     print("run settings (--set KEY=VALUE):", ", ".join(f"{k}={v!r}" for k, v in C.RunConfig().to_dict().items()
                                                        if k not in ("method_options", "task_options", "engine_options")))
     return 0

@@ -35,8 +35,9 @@ class RunConfig:
     local_steps: int = 0            # if > 0, overrides local_epochs: this many batches
     batch_size: int = 16
     lr: float = 0.0                 # 0: the method's recommended lr (`lightfed list`); config.json records the one used
-    lr_decay: str = "none"          # none | cosine: each round's lr x 0.5 (1 + cos(pi (round - 1) / rounds)), first-order
-                                    # methods (the local optimizer restarts every round; late rounds then move little)
+    lr_decay: str = ""              # none | cosine: each round's lr x 0.5 (1 + cos(pi (round - 1) / rounds)), first-order
+                                    # methods (the local optimizer restarts every round; late rounds then move little);
+                                    # "": the method's recommended one (`lightfed list`); config.json records the one used
     optimizer: str = "adamw"        # adamw | sgd
     weight_decay: float = 0.0
     eval_every: int = 1
@@ -198,7 +199,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.local_steps >= 0, f"local_steps = {cfg.local_steps}: must be >= 0")
     need(cfg.batch_size >= 1, f"batch_size = {cfg.batch_size}: must be >= 1")
     need(cfg.lr >= 0, f"lr = {cfg.lr}: must be > 0 (or 0: the method's recommended lr)")
-    need(cfg.lr_decay in ("none", "cosine"), f"lr_decay = {cfg.lr_decay!r}: use none or cosine")
+    need(cfg.lr_decay in ("", "none", "cosine"), f"lr_decay = {cfg.lr_decay!r}: use none or cosine")
     need(cfg.optimizer in ("adamw", "sgd"), f"optimizer = {cfg.optimizer!r}: use adamw or sgd")
     need(cfg.eval_every >= 1, f"eval_every = {cfg.eval_every}: must be >= 1")
     need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")

@@ -33,15 +33,18 @@ def options(name: str, given: dict):
 
 
 def resolve_lr(cfg: RunConfig) -> RunConfig:
-    """lr = 0 (not set) -> the method's recommended lr, in place; an explicit lr is kept as given."""
+    """lr = 0 / lr_decay = "" (not set) -> the method's recommended ones, in place; explicit ones are kept as given."""
     if cfg.lr == 0:
         cfg.lr = METHODS[cfg.method].lr
+    if cfg.lr_decay == "":
+        cfg.lr_decay = METHODS[cfg.method].lr_decay
     return cfg
 
 
 def build(cfg: RunConfig) -> Method:
+    cfg = resolve_lr(cfg)
     if cfg.lr_decay != "none" and not METHODS[cfg.method].lr_decays:
         raise ConfigError(f"lr_decay = {cfg.lr_decay!r}: {cfg.method} keeps one lr across rounds (its server replays "
                           f"or estimates with it); lr_decay works with the first-order methods: "
                           f"{', '.join(n for n, m in METHODS.items() if m.lr_decays)}")
-    return METHODS[cfg.method](options(cfg.method, cfg.method_options), resolve_lr(cfg))
+    return METHODS[cfg.method](options(cfg.method, cfg.method_options), cfg)

@@ -66,6 +66,7 @@ class Method:
     dp = "delta"             # how privacy.py clips + noises its upload: "delta" (upload - received), "scalars"
                              # (ZO, per step, in the client loop) or "" (compressed before sending: unsupported)
     lr_decays = False        # True: client_update scales its lrs by config.round_lr_scale (cfg.lr_decay works)
+    lr_decay = "none"        # the recommended lr decay over the rounds: what a run that sets none ("") uses
     lr = 5e-5                # the recommended lr: what a run that sets no lr (lr = 0) trains at. A run's lr always
                              # wins; config.json records the lr used and summary.json each parameter group's
 

@@ -2,6 +2,7 @@
 digest in every message (a client refuses a message made for another config)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -66,7 +67,8 @@ def options(cfg: C.RunConfig) -> Options:
 def _client_view(cfg: C.RunConfig) -> dict:
     """What a client's work depends on: everything but where results go, the progress bar and the device (a node may
     compute on its own: the messages are the same bytes)."""
-    d = cfg.to_dict()
+    from lightfed import methods
+    d = methods.resolve_lr(dataclasses.replace(cfg)).to_dict()     # lr / lr_decay as they train, set or recommended
     d.pop("out"), d.pop("progress"), d.pop("device")
     return d
 
