@@ -165,6 +165,17 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
     return g
 
 
+def add_run(rows: dict, name: str, c: dict, s: dict, cells) -> dict | None:
+    """Add one run's summary `s` (config c) to its row: its seed and cells(s), or its error (-> None)."""
+    r = rows.setdefault(name, {"seeds": [], "cells": [], "errors": []})
+    if "error" in s:
+        r["errors"].append(s["error"])
+        return None
+    r["seeds"].append(c["seed"])
+    r["cells"].append(cells(s))
+    return r
+
+
 def cached(path: Path, key: dict, fn):
     """fn()'s value, kept in `path` beside what made it (key): an evaluation of a finished run is not redone when the
     grid is collected again; a different key (task, CE size, code hash) computes it afresh."""
@@ -179,21 +190,8 @@ def cached(path: Path, key: dict, fn):
 
 
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> dict:
-    """{cell: exact match} on the test streams."""
-    from lightfed import device
-    from lightfed.models import backbones
-    from lightfed.tasks import passkey
-    o = passkey.Options(**task_opts)
-    tok = backbones.smollm2_tokenizer()
-    tok.model_max_length = 10**9
-    ss = passkey.streams(o, tok, "eval")
-    model.eval()
-    with device.using("cpu", "bf16"):
-        xs = passkey.exact_match(model, ss, window, reset=reset)
-    cells: dict[str, list[float]] = {}
-    for s, x in zip(ss, xs):
-        cells.setdefault(passkey.cell(s), []).append(x)
-    return {k: float(np.mean(v)) for k, v in cells.items()}
+    """{cell: exact match} on the pass key's test streams."""
+    return template_cells(model, {**task_opts, "templates": "passkey"}, window, reset)["passkey"]
 
 
 def final_model(summary: dict, dtype: str = "bf16"):
@@ -292,12 +290,9 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     ce: dict[str, list] = {}
     for (label, c), s in zip(grid, sums):
         name = label.rsplit(" s", 1)[0]
-        r = rows.setdefault(name, {"seeds": [], "cells": [], "errors": []})
-        if "error" in s:
-            r["errors"].append(s["error"])
+        r = add_run(rows, name, c, s, lambda s: s["cells"]["passkey"])
+        if r is None:
             continue
-        r["seeds"].append(c["seed"])
-        r["cells"].append(s["cells"]["passkey"])
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
         r.setdefault("trainable", s["trainable_params"])
         slug = Path(c["out"]).name.split("-")[0]
@@ -588,12 +583,9 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
     out: dict[str, dict] = {}
     for (label, c), s in zip(grid, sums):
         name = label.rsplit(" s", 1)[0]
-        r = out.setdefault(name, {"seeds": [], "cells": [], "errors": []})
-        if "error" in s:
-            r["errors"].append(s["error"])
+        r = add_run(out, name, c, s, lambda s: s["cells"])
+        if r is None:
             continue
-        r["seeds"].append(c["seed"])
-        r["cells"].append(s["cells"])
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
         if name == "FedNL":
             key = {"task": size["task"], "code": s.get("code")}
