@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -432,7 +433,8 @@ def main():
     size, seeds = SIZES[a.size], [int(s) for s in a.seeds.split(",")]
     path = RESULTS / f"{a.name}.json"
     res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
-    res.update(size=a.size, seeds=seeds, meta=meta("python benchmarks/fednl_claims.py " + " ".join(sys.argv[1:])))
+    prior = dict(res)
+    res.update(size=a.size, seeds=seeds, meta=meta("python benchmarks/fednl_claims.py " + shlex.join(sys.argv[1:])))
     for p in parts:
         t = time.time()
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
@@ -445,9 +447,12 @@ def main():
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":
+            if a.rows and "passkey" in prior:       # rows run alone join the grid collected before
+                res[p] = R.merge(prior["passkey"], res[p])
             res["retrieval"] = res[p]["retrieval"]
         res[p]["seconds"] = time.time() - t
-        res[p]["command"] = res["meta"]["command"]
+        merged = p == "passkey" and a.rows and "passkey" in prior
+        res[p]["command"] = (prior[p]["command"] + "; then " if merged else "") + res["meta"]["command"]
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
         write(a.name, res, markdown(res))
         plot(res, a.name)

@@ -68,9 +68,13 @@ BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora
              ("FedALA (p = every layer)", "fedala", {"top": 0}, "fedala"), ("FedSSI", "fedssi", {}, "fedssi")]
 INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
-# FedNL's rows (label, lr_decay, folder slug): the grid's FedNL decays its lr over the rounds (cosine); the first grid's
-# constant lr is kept beside it (seed 2's global model swung from round to round there: fednl_local_vs_global.md)
-FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos"), ("FedNL, constant lr", "none", "fednl")]
+# FedNL's rows (label, lr_decay, folder slug, task options added, controls): the grid's FedNL decays its lr over the rounds
+# (cosine); the first grid's constant lr is kept beside it (seed 2's global model swung from round to round there:
+# fednl_local_vs_global.md); "stream LM loss" adds the haystack's own next-token NLL to the answer's (lm_weight 1: the two
+# means summed), for the CE target. controls: the row's model evaluated with its memory reset per chunk, and its CE curves.
+FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, True), ("FedNL, constant lr", "none", "fednl", {}, False),
+              ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, True)]
+CONTROLLED = {name for name, *_, ctl in FEDNL_ROWS if ctl}
 
 
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
@@ -150,10 +154,10 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
            "eval_every": size["rounds"], "partition": "iid"}
     g = []
     for seed in seeds:
-        for name, decay, slug in FEDNL_ROWS:
+        for name, decay, slug, extra, _ in FEDNL_ROWS:
             if methods is None or name in methods:
                 g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe, "lr_decay": decay,
-                                              "task_options": size["task"], "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
+                                              "task_options": {**size["task"], **extra}, "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
         for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"
@@ -163,6 +167,16 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
                                                "task_options": {**size["task"], "window": window},
                                                "out": str(RUNS / size.get("runs", "") / f"{slug}-{window}-s{seed}")}))
     return g
+
+
+def merge(old: dict, new: dict) -> dict:
+    """The part collected before with the rows run now (--rows) put in: theirs replaced, every other row kept."""
+    out = {**new, "rows": {**old["rows"], **new["rows"]}, "retrieval": {**old["retrieval"], **new["retrieval"]}}
+    curves, trend = ({**old["ce"][k], **new["ce"][k]} for k in ("curves", "trend_last_vs_first"))
+    out["ce"] = {**new["ce"], "curves": curves, "trend_last_vs_first": trend}
+    ib = new["inference_bytes"]
+    out["inference_bytes"] = {**ib, "fednl_state_fp32": ib["fednl_state_fp32"] or old["inference_bytes"]["fednl_state_fp32"]}
+    return out
 
 
 def add_run(rows: dict, name: str, c: dict, s: dict, cells) -> dict | None:
@@ -298,16 +312,16 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         slug = Path(c["out"]).name.split("-")[0]
         if slug in INTERNALS:
             r.setdefault("internals", []).append(internals(s, slug))
-        if name == "FedNL":                 # the control: the same trained model, its memory emptied at every chunk
+        if name in CONTROLLED:              # the control: the same trained model, its memory emptied at every chunk
             out, key = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}
             model = functools.cache(lambda s=s: final_model(s))   # loaded once, only if an evaluation is not on disk
-            rr = rows.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
+            rr = rows.setdefault(f"{name}, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
             rr["cells"].append(cached(out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
-            rows["FedNL"]["state_bytes"] = cached(out / "state-bytes.json", key, lambda: sum(
+            rows[name]["state_bytes"] = cached(out / "state-bytes.json", key, lambda: sum(
                 b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(model())))
-            ce.setdefault("FedNL", []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
-            ce.setdefault("FedNL, memory reset per chunk", []).append(
+            ce.setdefault(name, []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
+            ce.setdefault(f"{name}, memory reset per chunk", []).append(
                 cached(out / "ce-reset.json", key, lambda: ce_curve(model(), size, carry=False)))
     by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
     for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
@@ -319,8 +333,11 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     from lightfed.engine.files import source_hash
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "")
     key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": source_hash()}
-    ce["backbone, windowed"] = [cached(where / "backbone-ce.json", key, lambda: ce_curve(back, size, carry=True))]
     for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
+        if methods is not None and name not in methods:     # the controls' rows are evaluated when selected (or all)
+            continue
+        if window:
+            ce[name] = [cached(where / "backbone-ce.json", key, lambda: ce_curve(back, size, carry=True))]
         cells = cached(where / f"backbone-{window}.json", key, lambda: evaluate_model(back, size["task"], window))
         rows[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
     cfg = back.config
@@ -334,7 +351,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
                    "trend_last_vs_first": {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in ce.items()}},
             "inference_bytes": {"kv_cache_fp32_per_token": kv_per_token,
                                 "kv_cache_fp32": {str(L): kv_per_token * L * UNIT for L in lengths},
-                                "fednl_state_fp32": rows.get("FedNL", {}).get("state_bytes"),
+                                "fednl_state_fp32": next((r["state_bytes"] for r in rows.values() if "state_bytes" in r), None),
                                 "window_kv_fp32": kv_per_token * UNIT}}
 
 
@@ -444,12 +461,13 @@ def markdown_retrieval(r: dict) -> list[str]:
               "| model | mean CE (per seed) | trend last vs first (per seed) |", "|---|---|---|"]
         for k, vs in ce["curves"].items():
             L.append(f"| {k} | {', '.join(f'{np.mean(v):.3f}' for v in vs)} | {', '.join(f'{t:+.3f}' for t in tr[k])} |")
-        a_, b_ = tr.get("FedNL", []), tr.get("FedNL, memory reset per chunk", [])
-        if a_ and b_:
-            ok = all(x < y for x, y in zip(a_, b_))
-            L += ["", f"Target, the carried memory's CE trend below the reset model's on every seed: "
-                  f"{('met' if ok else 'missed') if len(a_) >= 3 else 'inconclusive'} "
-                  f"({', '.join(f'{x:+.3f} vs {y:+.3f}' for x, y in zip(a_, b_))})."]
+        for nm in (n for n, *_ in FEDNL_ROWS if n in CONTROLLED):
+            a_, b_ = tr.get(nm, []), tr.get(f"{nm}, memory reset per chunk", [])
+            if a_ and b_:
+                ok = all(x < y for x, y in zip(a_, b_))
+                L += ["", f"Target, the carried memory's CE trend below the reset model's on every seed ({nm}): "
+                      f"{('met' if ok else 'missed') if len(a_) >= 3 else f'inconclusive ({len(a_)} seed(s))'} "
+                      f"({', '.join(f'{x:+.3f} vs {y:+.3f}' for x, y in zip(a_, b_))})."]
     return L + ["", "![depth x length heat maps and exact match against inference memory](fednl_claims_retrieval.png)", ""]
 
 
