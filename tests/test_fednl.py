@@ -283,6 +283,30 @@ def test_the_fast_stream_caches_frozen_layers_and_stops_early_chunks_at_the_last
     assert m.prefix_cache.misses == 15 and m.prefix_cache.hits == 15
 
 
+def test_a_step_is_the_same_whatever_the_prefix_cache_held_before(one_thread):
+    """float32, as runs train: a model whose cache already holds some of the batch's chunks (the in-process engine's
+    long-lived model, after other clients) and a fresh one (a Flower actor's) give the same loss and gradients, bit for
+    bit, and the same accounted activations (engines' client stats are compared exactly)."""
+    from lightfed.optim.first_order import count_saved_activations
+    ids = torch.randint(0, 120, (6, 40), generator=torch.Generator().manual_seed(2))
+    tm = torch.zeros(6, 40, dtype=torch.bool)
+    tm[:, 33:] = True
+    out = []
+    for warm in (False, True):
+        m = _tiny_memory_lm(dtype=torch.float32)
+        m.prefix_cache = streaming.PrefixCache()
+        if warm:        # earlier traffic: two of the rows seen before, beside other chunks
+            m.prefix_cache.get(m, torch.cat([ids[1:3, 8:16], ids[4:5, :8]]), 2)
+            m.prefix_cache.get(m, torch.randint(0, 120, (5, 8), generator=torch.Generator().manual_seed(3)), 2)
+        ptrs = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        loss, act = count_saved_activations(lambda: lm.target_nll(m, ids, tm, window=8), ptrs)
+        params = [p for p in m.parameters() if p.requires_grad]
+        out.append((loss, torch.autograd.grad(loss, params), act))
+    (l0, g0, a0), (l1, g1, a1) = out
+    assert l0.item() == l1.item() and all(torch.equal(a, b) for a, b in zip(g0, g1))
+    assert a0 == a1 > 0
+
+
 def test_fednl_learns_cross_chunk_recall_that_the_reset_memory_cannot(one_thread):
     """Learnability, in seconds: a tiny frozen causal LM with FedNL's memory branch; key-value pair tokens written
     in early chunks, the key asked in the last chunk, attention local to each 8-token chunk. Only the memory rules

@@ -29,7 +29,10 @@ def _cut(T: int, window: int) -> list[tuple[int, int]]:
 
 class PrefixCache:
     """The frozen layers' output below the first memory layer, per chunk of tokens (keyed by the tokens' bytes), up
-    to `max_bytes` (the oldest entries go first). Valid for a whole run: nothing below that layer ever trains."""
+    to `max_bytes` (the oldest entries go first). Valid for a whole run: nothing below that layer ever trains.
+    Each chunk is computed on its own (batch of 1): its value is a function of its tokens alone, bit for bit, not of
+    which other chunks missed beside it (a GEMM's rounding depends on its shape), so a run gives the same result
+    whatever the cache held before (a long-lived model in one process, a fresh one per Flower actor)."""
 
     def __init__(self, max_bytes: int = 2**30):
         self.max_bytes, self.nbytes, self.hits, self.misses = max_bytes, 0, 0, 0
@@ -41,10 +44,10 @@ class PrefixCache:
         todo = [i for i, k in enumerate(keys) if k not in self.store]
         self.hits, self.misses = self.hits + len(keys) - len(todo), self.misses + len(todo)
         if todo:
-            with torch.no_grad():
-                h = _layers(model, model.model.embed_tokens(ids[todo]), 0, lo)
-            for i, row in zip(todo, h):
-                self.store[keys[i]] = row.clone()
+            for i in todo:
+                with torch.no_grad():
+                    row = _layers(model, model.model.embed_tokens(ids[i:i + 1]), 0, lo)[0]     # (C, d)
+                self.store[keys[i]] = row
                 self.nbytes += row.numel() * row.element_size()
             while self.nbytes > self.max_bytes and len(self.store) > len(keys):
                 old = self.store.pop(next(iter(self.store)))

@@ -25,18 +25,20 @@ def _nbytes(ts) -> int:
 
 
 def count_saved_activations(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[torch.Tensor, int]:
-    """Run fn() (a forward) and count the unique storages autograd saves, except `exclude` (params)."""
-    seen: dict[int, int] = {}
+    """Run fn() (a forward) and count the unique storages autograd saves, except `exclude` (params).
+    The storages are held until the count is taken: one freed mid-forward (a discarded branch's) cannot hand its
+    address to a later one and be counted once for two, so the count does not depend on the allocator's history."""
+    seen: dict[int, torch.UntypedStorage] = {}
 
     def pack(t):
         s = t.untyped_storage()
         if s.data_ptr() not in exclude:
-            seen[s.data_ptr()] = s.nbytes()
+            seen.setdefault(s.data_ptr(), s)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
-    return out, sum(seen.values())
+    return out, sum(s.nbytes() for s in seen.values())
 
 
 def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: float, steps: int,
