@@ -229,14 +229,16 @@ def calibrate(a) -> None:
         if acc is not None and (kind not in by or acc > by[kind][1]):
             by[kind] = (c["lr"], acc)
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
-    data = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:])), "runs": res,
+    data = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:])), "runs": res, "sweep": SWEEP,
             "chosen": {k: v[0] for k, v in by.items()}, "setting": {**BASE, **CALIB}, "wall_s": time.time() - t0}
     md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
           f"One seed, IID, {CALIB['rounds']} rounds, scored on {CALIB['task_options']['test_size']} validation images "
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
           "| run | validation accuracy |", "|---|---|"]
     md += [f"| {r['label']} | {r['validation_accuracy'] if r['error'] is None else 'failed'} |" for r in res]
+    edge = {k: v for k, v in data["chosen"].items() if v in (min(SWEEP[k]), max(SWEEP[k]))}
     md += ["", "Chosen: " + ", ".join(f"{k} {v:g}" for k, v in data["chosen"].items())]
+    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {v:g}' for k, v in edge.items())}."] if edge else []
     print(write(name, data, "\n".join(md) + "\n"))
 
 
