@@ -451,12 +451,12 @@ def main():
                                                         set(a.rows.split(";")) if a.rows else None, a.from_runs),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
+        merged = p == "passkey" and a.rows and "passkey" in prior    # rows run alone join the grid collected before
+        if merged:
+            res[p] = R.merge(prior[p], res[p])
         if p == "passkey":
-            if a.rows and "passkey" in prior:       # rows run alone join the grid collected before
-                res[p] = R.merge(prior["passkey"], res[p])
             res["retrieval"] = res[p]["retrieval"]
         res[p]["seconds"] = time.time() - t
-        merged = p == "passkey" and a.rows and "passkey" in prior
         res[p]["command"] = (prior[p]["command"] + "; then " if merged else "") + res["meta"]["command"]
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
         write(a.name, res, markdown(res))
