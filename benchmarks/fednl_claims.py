@@ -177,7 +177,8 @@ def part_ce(size: dict, seeds, workers) -> dict:
             if s["method"] == "fednl":     # ablation: the same trained model, its memory emptied at every chunk
                 curves[label + ", memory reset per chunk"] = ce_curve(model, ids, size["ce_bucket"], carry=False)
     trend = {k: v[-1] / v[0] - 1 for k, v in curves.items()}
-    return {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "curves": curves, "trend_last_vs_first": trend,
+    return {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "train_block_len": to["block_len"],
+            "curves": curves, "trend_last_vs_first": trend,
             "runs": [{"label": l, "final_perplexity": s.get("final"), "initial": s.get("initial"), "bytes": s.get("bytes")}
                      for (l, _), s in zip(g, sums)]}
 
@@ -266,8 +267,9 @@ def markdown(res: dict) -> str:
     parts = [p for p in ("recipe", "passkey", "templates", "bytes", "memory", "ce", "niah", "trivia") if p in res]
     L = ["# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
-         + f"  \nLast date: {res['meta']['date']}; size preset "
-         f"`{res['size']}`: {json.dumps(SIZES[res['size']])}; each part's seeds are in its command. Streaming setting of "
+         + f"  \nLast date: {res['meta']['date']}; size preset per part (benchmarks/fednl_claims.py SIZES): "
+         + ", ".join(f"{p} `{res[p].get('size', '?')}`" for p in parts if p not in ("recipe", "passkey", "templates"))
+         + "; each part's seeds are in its command and its setting in its section. Streaming setting of "
          f"bytes/memory/ce/niah/trivia: attention local to {WINDOW}-token chunks, FedNL's memory carrying across (recipe "
          f"and passkey: 64-token chunks).\n"]
     if "recipe" in res:
@@ -319,8 +321,8 @@ def markdown(res: dict) -> str:
             v = verdict(g["FedNL"], g[reset], True)
             L += ["", f"Does the carried memory help along the stream (FedNL's trend below the same model's with the memory "
                       f"emptied at every chunk)? **{v}** ({np.mean(g['FedNL']) * 100:+.2f}% vs {np.mean(g[reset]) * 100:+.2f}%). "
-                      f"Training truncated each memory trajectory at a {SIZES[res['size']]['austen']['block_len']}-token block "
-                      f"({SIZES[res['size']]['austen']['block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long."]
+                      f"Training truncated each memory trajectory at a {c['train_block_len']}-token block "
+                      f"({c['train_block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long."]
         L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
     for part, title in (("niah", "Needle in a haystack: accuracy (string match all, 0-1)"), ("trivia", "Trivia by domain: accuracy")):
         if part not in res:
@@ -336,12 +338,12 @@ def markdown(res: dict) -> str:
         if part == "niah" and "FedNL" in ms_ and "FedALA" in ms_:
             L += ["", f"FedNL's NIAH mean above FedALA's: **{verdict(ms_['FedNL']['finals'], ms_['FedALA']['finals'], False)}**."]
         if part == "niah":
-            L += ["", "Per template and length (final, mean ± sd over seeds):", ""]
+            L += ["", f"Setting: task options {res[part]['task_options']}.", "", "Per template and length (final, mean ± sd over seeds):", ""]
             for name, r in res[part]["methods"].items():
                 L.append(f"- {name}: " + "; ".join(f"{t} @{n}: {fmt(v, 2)}" for t, c in r["cells"].items() for n, v in c.items()))
         else:
             doms = sorted({d for r in ms_.values() for d in r["per_domain"]})
-            L += ["", f"Setting: {res[part]['task_options']}, {res[part].get('run', {})}; personalised methods' own models "
+            L += ["", f"Setting: task options {res[part]['task_options']}, runs {res[part].get('run', {})}; personalised methods' own models "
                       "(each client on its domain's test questions): " + "; ".join(
                           f"{n} {fmt(r['personal'])}" for n, r in ms_.items() if r.get("personal")) + ".", "",
                   "Accuracy per domain (mean ± sd over seeds):", "", "| method | " + " | ".join(doms) + " |",
@@ -439,7 +441,8 @@ def main():
     path = RESULTS / f"{a.name}.json"
     res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
     prior = dict(res)
-    res.update(size=a.size, seeds=seeds, meta=meta("python benchmarks/fednl_claims.py " + shlex.join(sys.argv[1:])))
+    res.pop("size", None), res.pop("seeds", None)                 # per part now (the last command's were misleading)
+    res.update(meta=meta("python benchmarks/fednl_claims.py " + shlex.join(sys.argv[1:])))
     for p in parts:
         t = time.time()
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
@@ -457,6 +460,8 @@ def main():
         if p == "passkey":
             res["retrieval"] = res[p]["retrieval"]
         res[p]["seconds"] = time.time() - t
+        if p in ("bytes", "memory", "ce", "niah", "trivia"):
+            res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part
         res[p]["command"] = (prior[p]["command"] + "; then " if merged else "") + res["meta"]["command"]
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
         write(a.name, res, markdown(res))
