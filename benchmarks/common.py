@@ -25,6 +25,21 @@ PLACE: dict = {}             # set by --device / --dtype: where every run of the
 STALE: dict[str, str] = {}   # label -> the code hash of a stale run that was reused (reported by meta())
 
 
+def mark_start(cfg_dict: dict) -> None:
+    """Record the config and code a run begins with (<out>/bench_start.json)."""
+    out = Path(cfg_dict["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_start.json").write_text(json.dumps({"config": cfg_dict, "code": code()}))
+
+
+def resumable(cfg_dict: dict) -> bool:
+    """An interrupted run resumes from its checkpoint only if it began with this config and this code."""
+    out = Path(cfg_dict["out"])
+    started = out / "bench_start.json"
+    return (started.is_file() and (out / "ckpt" / "latest.json").is_file() and not (out / "summary.json").exists()
+            and json.loads(started.read_text()) == {"config": cfg_dict, "code": code()})
+
+
 def _run_one(args):
     label, cfg_dict = args
     import torch
@@ -34,9 +49,15 @@ def _run_one(args):
 
     cfg = C.from_dict(cfg_dict)
     t = time.time()
-    print(f"[bench] start {label}", file=sys.stderr, flush=True)
+    out = Path(cfg_dict["out"])
+    resume = resumable(cfg_dict)
+    print(f"[bench] {'resume' if resume else 'start'} {label}", file=sys.stderr, flush=True)
     try:
-        s = local.run(cfg, log=lambda *a: None)
+        if resume:
+            s = local.run(resume=out, log=lambda *a: None)
+        else:
+            mark_start(cfg_dict)
+            s = local.run(cfg, log=lambda *a: None)
     except Exception as e:  # a failed run is reported, not hidden
         print(f"[bench] FAILED {label}: {e!r}", file=sys.stderr, flush=True)
         return {"label": label, "error": repr(e), "config": cfg_dict}

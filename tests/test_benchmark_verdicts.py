@@ -125,3 +125,23 @@ def test_every_config_of_the_fednl_retrieval_grids_validates_and_the_unseen_clie
     assert {[t for t in names for _ in range(3)][i] for i in shards[int(held["holdout"])]} == {R.UNSEEN}
     fednl = [c for label, c in grids if c["method"] == "fednl"]
     assert {c.get("lr_decay", "none") for c in fednl} == {"cosine", "none"}     # the grid and the first grid's constant lr
+
+
+def test_an_interrupted_benchmark_run_resumes_only_with_its_own_config_and_code(tmp_path, monkeypatch, capsys):
+    import common
+    from conftest import tiny_config
+    from lightfed import config as C
+    from lightfed.engine import local
+    c = tiny_config("sentiment", "fedavg", tmp_path / "part", rounds=3).to_dict()
+    full = common._run_one(("full", {**c, "out": str(tmp_path / "full")}))
+    common.mark_start(c)
+    local.run(C.from_dict(c), stop_after=1, log=lambda *a: None)          # killed after round 1
+    assert common.resumable(c)
+    assert not common.resumable({**c, "lr": 2e-3})                       # another config starts afresh
+    monkeypatch.setattr(common, "code", lambda: "other code")
+    assert not common.resumable(c)                                       # so does other code
+    monkeypatch.undo()
+    resumed = common._run_one(("part", c))
+    assert "[bench] resume part" in capsys.readouterr().err
+    assert resumed["history"] == full["history"] and resumed["final"] == full["final"]
+    assert not common.resumable(c)                                       # finished: nothing left to resume
