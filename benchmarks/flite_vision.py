@@ -47,9 +47,11 @@ ROWS = [
     ("lora", "FedAvg+LoRA (conv, r=8)", "lora", {}, {}, ["iid"], "pareto"),
     ("topk", "top-k 1% (EF)", "topk", {"ratio": 0.01}, {}, ["iid"], "pareto"),
     ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "pareto"),
+    ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
+ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite", "flite_scratch": "flite", "fedavg": "fedavg",
-         "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora"}
+         "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
 # (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
 # FLITE's sweep reaches 1.0: its 20-round loss at 0.01 and 0.03 (2.2 and 1.9 at round 13, chance 2.3) said the best lies higher.
@@ -89,9 +91,11 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> l
         for part in parts:
             for s in (seeds if role == "claim" else seeds[:1]):
                 c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part,
-                     "seed": s, "lr": lrs[LR_OF[key]], "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}")}
+                     "seed": s, "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}"),
+                     **({"lr": lrs[LR_OF[key]]} if LR_OF[key] else ONCE)}
                 if quick:
-                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
+                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick",
+                         **({} if LR_OF[key] else ONCE)}
                 g.append((f"{key}|{part}|s{s}", c))
     return g
 
@@ -109,7 +113,7 @@ def summarize(g, sums) -> dict:
         r["initials"].append(s["initial"])
         r["seeds"].append(c["seed"])
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
-        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=c["lr"],
+        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=c.get("lr"),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])
     return rows
@@ -156,6 +160,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
                     + f" ({np.mean(fl):.4f} vs {np.mean(sc):.4f}; the paper: 74.67% vs 2.5%)"))
+    pr = f("probe")
+    if pr:
+        out.append(("what the frozen base's features allow (the probe: a closed-form head, no body change; for reference)",
+                    f"{np.mean(pr):.4f}" + (f"; FLITE {np.mean(fl):.4f}, FedAvg fp32 {np.mean(fa):.4f}" if fl and fa else "")))
     hd = f("flite_head")
     if hd and fl:
         out.append(("frozen orthogonal head above a trained head", verdict(fl, hd, False)
@@ -183,7 +191,7 @@ def render(res: dict) -> str:
             continue
         m, sd, n = ms(r["finals"])
         L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {', '.join(map(str, r['seeds']))} | "
-                 f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {r['lr']:g} |")
+                 f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {'-' if r['lr'] is None else format(r['lr'], 'g')} |")
     L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
     n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
     L += ["", f"Test images: {n} (one image = {100 / n:.2f} pp). Plots: "

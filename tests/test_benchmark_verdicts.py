@@ -77,6 +77,22 @@ def test_every_grid_config_of_zoflite_claims_validates(setting, quick):
     assert zo_lrs == {m: S["lr"][m] for m in zo_lrs}   # every ZO run takes its calibrated lr
 
 
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quick):
+    from lightfed import config as C
+    from lightfed.engine import local
+    from flite_vision import LR_OF, ONCE, ROWS, SWEEP, calibration_grid, grid
+    lrs = {"flite": 0.1, "fedavg": 3e-5, "lora": 3e-4}
+    g = grid([0, 1, 2], quick, lrs)
+    assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
+    for label, c in g + calibration_grid(quick):
+        local.check(C.from_dict(c))
+    for label, c in g:
+        key = label.split("|")[0]
+        assert c["lr"] == lrs[LR_OF[key]] if LR_OF[key] else {k: c[k] for k in ONCE} == ONCE
+    assert len(calibration_grid(quick)) == sum(map(len, SWEEP.values()))
+
+
 def test_wilson_interval_matches_a_hand_computation():
     from zoflite_claims import wilson
     lo, hi = wilson(0.5, 100)   # centre 0.5; half-width 1.96 * sqrt(0.25 / 100 + 1.96^2 / 40000) / (1 + 1.96^2 / 100)
