@@ -10,7 +10,8 @@ from 30,000-59,999, 2,000 official test images (one image = 0.05 pp); 10 clients
 local steps of 32, the lr decayed over the rounds (cosine), IID and Dirichlet(0.1); forwards in bf16 (autocast; trainable weights and messages fp32) for
 every row alike. FLITE in the paper's form: r = 8 matrix latents on each of the 20 convolutions (20 x 64 = 1,280),
 the frozen orthogonal head, int4 or fp32 latents; against full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's
-conv LoRA, r = 8 on every block's conv1 / conv2, head trained), top-k 1% and PowerSGD rank 4 (error feedback).
+conv LoRA, r = 8 on every block's conv1 / conv2, head trained), top-k 1% and PowerSGD rank 4 (error feedback); and, for
+reference, what the base's frozen features allow: the probe (a closed-form head from one round of class statistics).
 Every lr is chosen on validation images (300 training images the run never trains on: task option validation),
 never on the test set (--calibrate; results flite_vision_calibrate.*).
 """
