@@ -227,25 +227,34 @@ def plot(res: dict, name: str) -> None:
 
 
 def calibrate(a) -> None:
-    g = calibration_grid(a.quick)
+    """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr."""
+    kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
+    if kinds - set(SWEEP):
+        raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
+    g = [(label, c) for label, c in calibration_grid(a.quick) if label.split(" ")[0] in kinds]
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
-    res, by = [], {}
-    for (label, c), s in zip(g, sums):
-        kind = label.split(" ")[0]
-        acc = s.get("final")
-        res.append({"label": label, "lr": c["lr"], "validation_accuracy": acc, "initial": s.get("initial"),
-                    "error": s.get("error")})
-        if acc is not None and (kind not in by or acc > by[kind][1]):
-            by[kind] = (c["lr"], acc)
+    res = [{"label": label, "lr": c["lr"], "validation_accuracy": s.get("final"), "initial": s.get("initial"),
+            "error": s.get("error")} for (label, c), s in zip(g, sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
-    data = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:])), "runs": res, "sweep": SWEEP,
-            "chosen": {k: v[0] for k, v in by.items()}, "setting": {**BASE, **CALIB}, "wall_s": time.time() - t0}
+    command, wall = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:]), time.time() - t0
+    p = common.RESULTS / f"{name}.json"
+    if a.kinds and p.exists():                  # the other kinds' runs, as calibrated before
+        old = json.loads(p.read_text())
+        res = [r for r in old["runs"] if r["label"].split(" ")[0] not in kinds] + res
+        command, wall = old["meta"]["command"] + "; then " + command, old["wall_s"] + wall
+    by: dict[str, tuple] = {}
+    for r in res:
+        kind, acc = r["label"].split(" ")[0], r["validation_accuracy"]
+        if acc is not None and (kind not in by or acc > by[kind][1]):
+            by[kind] = (r["lr"], acc)
+    data = {"meta": meta(command), "runs": res, "sweep": SWEEP, "chosen": {k: v[0] for k, v in by.items()},
+            "setting": {k: v for k, v in g[0][1].items() if k not in ("lr", "out", "method", "method_options")}, "wall_s": wall}
     md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
-          f"One seed, IID, {CALIB['rounds']} rounds, scored on {CALIB['task_options']['test_size']} validation images "
+          f"One seed, IID, {data['setting']['rounds']} rounds, scored on {data['setting']['task_options']['test_size']} validation images "
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
           "| run | validation accuracy |", "|---|---|"]
-    md += [f"| {r['label']} | {r['validation_accuracy'] if r['error'] is None else 'failed'} |" for r in res]
+    md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} |" for r in res]
     edge = {k: v for k, v in data["chosen"].items() if v in (min(SWEEP[k]), max(SWEEP[k]))}
     md += ["", "Chosen: " + ", ".join(f"{k} {v:g}" for k, v in data["chosen"].items())]
     md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {v:g}' for k, v in edge.items())}."] if edge else []
@@ -257,6 +266,7 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--kinds", default="", help="--calibrate: comma-separated kinds of SWEEP (default: all)")
     ap.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
     common.add_args(ap)
     a = ap.parse_args(argv)
@@ -269,7 +279,10 @@ def main(argv=None):
     g = grid(seeds, a.quick, lrs, set(a.rows.split(",")) if a.rows else None)
     t0 = time.time()
     reused = sum(common.finished(label, c) is not None for label, c in g)
-    sums = reuse_or_run(g, a.workers, a.from_runs)
+    # run the first seed's IID runs first, so a grid stopped early holds the comparisons that matter most
+    order = sorted(range(len(g)), key=lambda i: (g[i][1]["seed"], g[i][1]["partition"] != "iid", i))
+    ran = reuse_or_run([g[i] for i in order], a.workers, a.from_runs)
+    sums = [ran[order.index(i)] for i in range(len(g))]
     rows = summarize(g, sums)
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
