@@ -56,8 +56,8 @@ LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite", "flite_
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
 # (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
 # FLITE's sweep grew upward twice, each time because its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
-# 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3).
-SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0], "fedavg": [1e-5, 3e-5, 1e-4], "lora": [1e-4, 3e-4, 1e-3]}
+# 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3); FedAvg's once, 1e-4 on top.
+SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
