@@ -258,7 +258,14 @@ def calibrate(a) -> None:
     md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} |" for r in res]
     edge = {k: v for k, v in data["chosen"].items() if v in (min(SWEEP[k]), max(SWEEP[k]))}
     md += ["", "Chosen: " + ", ".join(f"{k} {v:g}" for k, v in data["chosen"].items())]
-    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {v:g}' for k, v in edge.items())}."] if edge else []
+    n = data["setting"]["task_options"]["test_size"]
+
+    def beside(k, v):           # the chosen lr's neighbour in the sweep, and the gap in validation images
+        acc = {r["lr"]: r["validation_accuracy"] for r in res if r["label"].split(" ")[0] == k and not r["error"]}
+        lrs = sorted(acc)
+        nb = lrs[1] if v == lrs[0] and len(lrs) > 1 else lrs[-2] if len(lrs) > 1 else None
+        return "" if nb is None else f" ({acc[v]:.4f} vs {acc[nb]:.4f} at {nb:g}: {round((acc[v] - acc[nb]) * n)} of {n} images)"
+    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {v:g}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
     print(write(name, data, "\n".join(md) + "\n"))
 
 
