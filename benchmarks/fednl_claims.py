@@ -441,7 +441,8 @@ def main():
     path = RESULTS / f"{a.name}.json"
     res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
     prior = dict(res)
-    res.pop("size", None), res.pop("seeds", None)                 # per part now (the last command's were misleading)
+    for k in ("size", "seeds"):                  # per part now: the last command's were misleading for the others
+        res.pop(k, None)
     res.update(meta=meta("python benchmarks/fednl_claims.py " + shlex.join(sys.argv[1:])))
     for p in parts:
         t = time.time()

@@ -93,11 +93,10 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> l
         for part in parts:
             for s in (seeds if role == "claim" else seeds[:1]):
                 c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part,
-                     "seed": s, "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}"),
-                     **({"lr": lrs[LR_OF[key]]} if LR_OF[key] else ONCE)}
+                     "seed": s, "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}")}
                 if quick:
-                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick",
-                         **({} if LR_OF[key] else ONCE)}
+                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
+                c.update({"lr": lrs[LR_OF[key]]} if LR_OF[key] else ONCE)
                 g.append((f"{key}|{part}|s{s}", c))
     return g
 
@@ -244,12 +243,12 @@ def calibrate(a) -> None:
         old = json.loads(p.read_text())
         res = [r for r in old["runs"] if r["label"].split(" ")[0] not in kinds] + res
         command, wall = old["meta"]["command"] + "; then " + command, old["wall_s"] + wall
-    by: dict[str, tuple] = {}
+    acc: dict[str, dict] = {}                   # kind -> {lr: validation accuracy} of the runs that finished
     for r in res:
-        kind, acc = r["label"].split(" ")[0], r["validation_accuracy"]
-        if acc is not None and (kind not in by or acc > by[kind][1]):
-            by[kind] = (r["lr"], acc)
-    data = {"meta": meta(command), "runs": res, "sweep": SWEEP, "chosen": {k: v[0] for k, v in by.items()},
+        if r["validation_accuracy"] is not None:
+            acc.setdefault(r["label"].split(" ")[0], {})[r["lr"]] = r["validation_accuracy"]
+    chosen = {k: max(a, key=lambda lr: (a[lr], -list(a).index(lr))) for k, a in acc.items()}   # ties: the first run
+    data = {"meta": meta(command), "runs": res, "sweep": SWEEP, "chosen": chosen,
             "setting": {k: v for k, v in g[0][1].items() if k not in ("lr", "out", "method", "method_options")}, "wall_s": wall}
     md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
           f"One seed, IID, {data['setting']['rounds']} rounds, scored on {data['setting']['task_options']['test_size']} validation images "
@@ -261,10 +260,11 @@ def calibrate(a) -> None:
     n = data["setting"]["task_options"]["test_size"]
 
     def beside(k, v):           # the chosen lr's neighbour in the sweep, and the gap in validation images
-        acc = {r["lr"]: r["validation_accuracy"] for r in res if r["label"].split(" ")[0] == k and not r["error"]}
-        lrs = sorted(acc)
-        nb = lrs[1] if v == lrs[0] and len(lrs) > 1 else lrs[-2] if len(lrs) > 1 else None
-        return "" if nb is None else f" ({acc[v]:.4f} vs {acc[nb]:.4f} at {nb:g}: {round((acc[v] - acc[nb]) * n)} of {n} images)"
+        a, lrs = acc[k], sorted(acc[k])
+        if len(lrs) < 2:
+            return ""
+        nb = lrs[1] if v == lrs[0] else lrs[-2]
+        return f" ({a[v]:.4f} vs {a[nb]:.4f} at {nb:g}: {round((a[v] - a[nb]) * n)} of {n} images)"
     md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {v:g}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
     print(write(name, data, "\n".join(md) + "\n"))
 
@@ -289,8 +289,9 @@ def main(argv=None):
     reused = sum(common.finished(label, c) is not None for label, c in g)
     # run the first seed's IID runs first, so a grid stopped early holds the comparisons that matter most
     order = sorted(range(len(g)), key=lambda i: (g[i][1]["seed"], g[i][1]["partition"] != "iid", i))
-    ran = reuse_or_run([g[i] for i in order], a.workers, a.from_runs)
-    sums = [ran[order.index(i)] for i in range(len(g))]
+    sums = [None] * len(g)
+    for i, s in zip(order, reuse_or_run([g[i] for i in order], a.workers, a.from_runs)):
+        sums[i] = s
     rows = summarize(g, sums)
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
