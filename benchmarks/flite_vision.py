@@ -53,23 +53,30 @@ ROWS = [
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite", "flite_scratch": "flite", "fedavg": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
+HEAD_LR_OF = {"flite_head": "flite_head"}          # rows whose trained head takes its own calibrated lr (head_lr)
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
 # (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
 # FLITE's sweep grew upward twice, each time because its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
-# 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3); FedAvg's once, 1e-4 on top.
-SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3]}
+# 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3), then 10 (3 on top by one
+# image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
+# The trained head's own lr (flite_head: the head is weights, z is latents; at z's lr 3 it diverged) is swept with z
+# at FLITE's chosen lr.
+SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
+         "flite_head": [1e-4, 1e-3, 1e-2, 1e-1]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
 
-def calibration_grid(quick: bool) -> list[tuple[str, dict]]:
+def calibration_grid(quick: bool, kinds=SWEEP, z_lr: float | None = None) -> list[tuple[str, dict]]:
+    """The sweep's runs of `kinds` (each kind is a row key). flite_head sweeps head_lr with z at `z_lr`."""
     g = []
-    for kind, lrs in SWEEP.items():
-        key = {"flite": "flite", "fedavg": "fedavg", "lora": "lora"}[kind]
-        _, _, m, mo, to, _, _ = next(r for r in ROWS if r[0] == key)
-        for lr in lrs:
+    for kind in kinds:
+        _, _, m, mo, to, _, _ = next(r for r in ROWS if r[0] == kind)
+        for lr in SWEEP[kind]:
             c = {**BASE, **CALIB, "method": m, "method_options": mo, "lr": lr, "seed": 0, "partition": "iid",
                  "out": str(RUNS / f"calibrate{CALIB['rounds']}-{kind}-lr{lr:g}")}
+            if kind in HEAD_LR_OF:
+                c.update(lr=z_lr, method_options={**mo, "head_lr": lr})
             if quick:
                 c = {**c, **QUICK, "task_options": {**CALIB["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
             g.append((f"{kind} lr {lr:g}", c))
@@ -97,6 +104,8 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> l
                 if quick:
                     c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
                 c.update({"lr": lrs[LR_OF[key]]} if LR_OF[key] else ONCE)
+                if key in HEAD_LR_OF:
+                    c["method_options"] = {**mo, "head_lr": lrs[HEAD_LR_OF[key]]}
                 g.append((f"{key}|{part}|s{s}", c))
     return g
 
@@ -182,16 +191,17 @@ def render(res: dict) -> str:
          f"{res['base'].get('heldout_accuracy')} on {res['base'].get('heldout_images')} images after {res['base'].get('epochs')} "
          f"epochs ({res['base'].get('seconds', 0) / 60:.0f} min, {res['base'].get('torch_threads')} thread); backbone "
          f"{res['backbone_fp32_bytes']:,} B fp32 without its head.\n",
-         "| row | partition | accuracy (mean ± sd over seeds) | seeds | up B / client / round | x fewer than FedAvg | lr |",
-         "|---|---|---|---|---|---|---|"]
+         "| row | partition | accuracy (mean ± sd over seeds) | round 0 | seeds | up B / client / round | x fewer than FedAvg | lr |",
+         "|---|---|---|---|---|---|---|---|"]
     label = {k: lab for k, lab, *_ in ROWS}
     fa = res["rows"].get("fedavg|iid", {}).get("up")
     for k, r in res["rows"].items():
         if not r["finals"]:
-            L.append(f"| {label[r['key']]} | {r['partition']} | not run: {(r['errors'] or ['?'])[0][:60]} | | | | |")
+            L.append(f"| {label[r['key']]} | {r['partition']} | not run: {(r['errors'] or ['?'])[0][:60]} | | | | | |")
             continue
         m, sd, n = ms(r["finals"])
-        L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {', '.join(map(str, r['seeds']))} | "
+        L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
+                 f"{', '.join(map(str, r['seeds']))} | "
                  f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {'-' if r['lr'] is None else format(r['lr'], 'g')} |")
     L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
     n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
@@ -227,22 +237,40 @@ def plot(res: dict, name: str) -> None:
 
 
 def calibrate(a) -> None:
-    """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr."""
+    """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr.
+    The trained head's lr is swept second, with z at the lr FLITE has just been given."""
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
     if kinds - set(SWEEP):
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
-    g = [(label, c) for label, c in calibration_grid(a.quick) if label.split(" ")[0] in kinds]
+    first = [k for k in SWEEP if k in kinds and k not in HEAD_LR_OF]
+    then = [k for k in SWEEP if k in kinds and k in HEAD_LR_OF]
+    command = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:])
+    if first:
+        calibrate_kinds(a, first, merge=bool(a.kinds), command=command)
+    if then:
+        z_lr = chosen_lrs(a.quick).get("flite")
+        if z_lr is None:
+            raise SystemExit("--kinds flite_head sweeps the head's lr with z at FLITE's chosen lr: calibrate flite first")
+        calibrate_kinds(a, then, merge=True, command=None if first else command, z_lr=z_lr)
+
+
+def calibrate_kinds(a, kinds: list[str], merge: bool, command: str | None, z_lr: float | None = None) -> None:
+    """Run (or reuse) `kinds`' sweeps; with `merge`, join the kinds calibrated before (and their command chain, to
+    which `command` is added unless None: the same invocation's first stage wrote it)."""
+    g = calibration_grid(a.quick, kinds, z_lr)
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
-    res = [{"label": label, "lr": c["lr"], "validation_accuracy": s.get("final"), "initial": s.get("initial"),
-            "error": s.get("error")} for (label, c), s in zip(g, sums)]
+    res = [{"label": label, "lr": c["method_options"].get("head_lr", c["lr"]), "z_lr": c["lr"],
+            "validation_accuracy": s.get("final"), "initial": s.get("initial"), "error": s.get("error")}
+           for (label, c), s in zip(g, sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
-    command, wall = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:]), time.time() - t0
+    wall = time.time() - t0
     p = common.RESULTS / f"{name}.json"
-    if a.kinds and p.exists():                  # the other kinds' runs, as calibrated before
+    if merge and p.exists():                    # the other kinds' runs, as calibrated before
         old = json.loads(p.read_text())
         res = [r for r in old["runs"] if r["label"].split(" ")[0] not in kinds] + res
-        command, wall = old["meta"]["command"] + "; then " + command, old["wall_s"] + wall
+        command = old["meta"]["command"] + (f"; then {command}" if command else "")
+        wall += old["wall_s"]
     acc: dict[str, dict] = {}                   # kind -> {lr: validation accuracy} of the runs that finished
     for r in res:
         if r["validation_accuracy"] is not None:
@@ -255,6 +283,8 @@ def calibrate(a) -> None:
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
           "| run | validation accuracy |", "|---|---|"]
     md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} |" for r in res]
+    heads = [r for r in res if r["label"].split(" ")[0] in HEAD_LR_OF]
+    md += [f"\nflite_head: its lr is the trained head's (head_lr); z trains at FLITE's lr {heads[0]['z_lr']:g}."] if heads else []
     edge = {k: v for k, v in data["chosen"].items() if v in (min(SWEEP[k]), max(SWEEP[k]))}
     md += ["", "Chosen: " + ", ".join(f"{k} {v:g}" for k, v in data["chosen"].items())]
     n = data["setting"]["task_options"]["test_size"]

@@ -81,16 +81,20 @@ def test_every_grid_config_of_zoflite_claims_validates(setting, quick):
 def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quick):
     from lightfed import config as C
     from lightfed.engine import local
-    from flite_vision import LR_OF, ONCE, ROWS, SWEEP, calibration_grid, grid
-    lrs = {"flite": 0.1, "fedavg": 3e-5, "lora": 3e-4}
+    from flite_vision import HEAD_LR_OF, LR_OF, ONCE, ROWS, SWEEP, calibration_grid, grid
+    lrs = {"flite": 0.1, "fedavg": 3e-5, "lora": 3e-4, "flite_head": 1e-3}
     g = grid([0, 1, 2], quick, lrs)
+    cal = calibration_grid(quick, SWEEP, z_lr=0.1)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
-    for label, c in g + calibration_grid(quick):
+    for label, c in g + cal:
         local.check(C.from_dict(c))
     for label, c in g:
         key = label.split("|")[0]
         assert c["lr"] == lrs[LR_OF[key]] if LR_OF[key] else {k: c[k] for k in ONCE} == ONCE
-    assert len(calibration_grid(quick)) == sum(map(len, SWEEP.values()))
+        assert c["method_options"].get("head_lr") == (lrs[HEAD_LR_OF[key]] if key in HEAD_LR_OF else None)
+    assert len(cal) == sum(map(len, SWEEP.values()))
+    heads = [c for label, c in cal if label.startswith("flite_head ")]     # the head's lr swept, z at FLITE's
+    assert [c["method_options"]["head_lr"] for c in heads] == SWEEP["flite_head"] and {c["lr"] for c in heads} == {0.1}
 
 
 def test_wilson_interval_matches_a_hand_computation():

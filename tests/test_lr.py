@@ -51,6 +51,17 @@ def test_no_run_lr_means_the_methods_recommended_one_and_config_json_says_which(
     assert C.load_json(tmp_path / "config.json").lr == rec
 
 
+def test_flite_head_lr_trains_the_head_at_its_own_lr_and_is_refused_without_a_trained_head(tmp_path, monkeypatch):
+    tiny_task("sentiment")
+    seen = _lr_seen(monkeypatch)
+    s = local.run(tiny_config("sentiment", "flite", tmp_path, rounds=1, lr=0.5,
+                              method_options={"head": "trainable", "head_lr": 2e-3}), log=lambda *a: None)
+    assert seen and all(groups == [0.5, 2e-3] for groups in seen)
+    assert s["lr"] == {"z": 0.5, "head": 2e-3} == json.loads((tmp_path / "setup.json").read_text())["lr"]
+    with pytest.raises(C.ConfigError, match=r"head_lr = 0.002 trains nothing with head = 'orthogonal'"):
+        local.check(tiny_config("sentiment", "flite", method_options={"head": "orthogonal", "head_lr": 2e-3}))
+
+
 def test_zeroth_order_methods_take_the_run_lr(tmp_path):
     for name in ("mezo", "fedspzo", "decomfl", "zoflite"):
         m = methods.build(tiny_config("sentiment", name, lr=2.5e-3))

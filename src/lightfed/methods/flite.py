@@ -30,7 +30,8 @@ fine-tuning. 1e-2, from a centralised check (real MiniLM sentiment, 640 train / 
     orthogonal    0.725  0.805  0.805  0.785     (train loss 0.66 / 0.61 / 0.54 / 0.55)
     trainable     0.835  0.830  0.825  0.785     (the head trains at the same lr)
 1e-2..3e-2 is a flat optimum; 1e-2 keeps a 10x margin below where it degrades (1e-1). With
-`trainable` the head trains at the same lr (one parameter group).
+`trainable` the head trains at the same lr (one parameter group), or at `head_lr`: latents and weights
+want steps orders of magnitude apart (ResNet-18 below: z at lr 3, a head trained at lr 3 diverged).
 """
 from __future__ import annotations
 
@@ -88,10 +89,16 @@ class Options(fedavg.Options, LatentOptions):
     head: str = "trainable"
     codec: str = "int4"             # 4 bits a latent on the wire, both ways
     stochastic: bool = False        # stochastic rounding for int8/int4
+    head_lr: float = 0.0            # head = trainable: the head's own lr (0: the run's lr, one group with z)
 
     def check(self):
         super().check()
         self.check_latent()
+        if self.head_lr < 0:
+            raise ConfigError(f"flite: head_lr = {self.head_lr}: must be >= 0 (0: the run's lr)")
+        if self.head_lr and self.head != "trainable":
+            raise ConfigError(f"flite: head_lr = {self.head_lr} trains nothing with head = {self.head!r}: "
+                              "it needs head = trainable")
 
 
 def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
@@ -128,7 +135,19 @@ class FLITE(fedavg.FedAvg):
 
     def prepare(self, model):
         self.seed, self.info = install(model, self.opts, self.cfg.seed)
+        if self.opts.head_lr and self.info["head"] is None:
+            raise ConfigError("flite: head_lr: this model has no separate nn.Linear `head` to train")
         return super().prepare(model)    # shapes: {"z": (K,)} (+ head.weight, head.bias)
+
+    def lrs(self):
+        return {"z": self.cfg.lr, "head": self.opts.head_lr} if self.opts.head_lr else super().lrs()
+
+    def param_groups(self, model):      # head_lr: z and the trained head each at its own lr
+        if not self.opts.head_lr:
+            return super().param_groups(model)
+        ps = self.trainable(model)
+        return [{"params": [p for n, p in ps.items() if not n.startswith("head.")], "lr": self.cfg.lr},
+                {"params": [p for n, p in ps.items() if n.startswith("head.")], "lr": self.opts.head_lr}]
 
     def _round(self, fields, g):
         if not (self.opts.stochastic and self.opts.codec in ("int8", "int4")):
