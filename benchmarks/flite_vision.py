@@ -51,35 +51,58 @@ ROWS = [
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
-LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite", "flite_scratch": "flite", "fedavg": "fedavg",
+LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "fedavg": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
-HEAD_LR_OF = {"flite_head": "flite_head"}          # rows whose trained head takes its own calibrated lr (head_lr)
+PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a latent and weights want steps far apart
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
 # (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
 # FLITE's sweep grew upward twice, each time because its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
 # 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3), then 10 (3 on top by one
 # image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
-# The trained head's own lr (flite_head: the head is weights, z is latents; at z's lr 3 it diverged) is swept with z
-# at FLITE's chosen lr.
+# FLITE's best lrs under the frozen head drive the generated convolutions to 30-110x the pretrained weights (||dW|| /
+# ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained head, z and the head are swept
+# together (z's lr, head_lr): a head trained at z's lr 3 diverged.
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
-         "flite_head": [1e-4, 1e-3, 1e-2, 1e-1]}
+         "flite_head": [(z, h) for z in (1e-4, 1e-3, 1e-2) for h in (1e-3, 1e-2)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
 
-def calibration_grid(quick: bool, kinds=SWEEP, z_lr: float | None = None) -> list[tuple[str, dict]]:
-    """The sweep's runs of `kinds` (each kind is a row key). flite_head sweeps head_lr with z at `z_lr`."""
+def set_lr(c: dict, key: str, lr) -> dict:
+    """c with the row's lr: a float, or (z's lr, the head's) for PAIRED rows."""
+    if key in PAIRED:
+        return {**c, "lr": lr[0], "method_options": {**c["method_options"], "head_lr": lr[1]}}
+    return {**c, "lr": lr}
+
+
+def lr_name(lr) -> str:
+    return f"{lr[0]:g} head_lr {lr[1]:g}" if isinstance(lr, (tuple, list)) else f"{lr:g}"
+
+
+def hashable(lr):
+    return tuple(lr) if isinstance(lr, (list, tuple)) else lr
+
+
+def at_edge(kind: str, lr) -> bool:
+    """The chosen lr (each coordinate of a pair) at the sweep's lowest or highest value."""
+    pts = [hashable(x) for x in SWEEP[kind]]
+    if kind not in PAIRED:
+        return lr in (min(pts), max(pts))
+    return any(lr[i] in (min(p[i] for p in pts), max(p[i] for p in pts)) for i in range(2))
+
+
+def calibration_grid(quick: bool, kinds=SWEEP) -> list[tuple[str, dict]]:
+    """The sweep's runs of `kinds` (each kind is a row key)."""
     g = []
     for kind in kinds:
         _, _, m, mo, to, _, _ = next(r for r in ROWS if r[0] == kind)
         for lr in SWEEP[kind]:
-            c = {**BASE, **CALIB, "method": m, "method_options": mo, "lr": lr, "seed": 0, "partition": "iid",
-                 "out": str(RUNS / f"calibrate{CALIB['rounds']}-{kind}-lr{lr:g}")}
-            if kind in HEAD_LR_OF:
-                c.update(lr=z_lr, method_options={**mo, "head_lr": lr})
+            c = set_lr({**BASE, **CALIB, "method": m, "method_options": mo, "seed": 0, "partition": "iid",
+                        "out": str(RUNS / f"calibrate{CALIB['rounds']}-{kind}-lr{lr_name(lr).replace(' head_lr ', '-head')}")},
+                       kind, lr)
             if quick:
                 c = {**c, **QUICK, "task_options": {**CALIB["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
-            g.append((f"{kind} lr {lr:g}", c))
+            g.append((f"{kind} lr {lr_name(lr)}", c))
     return g
 
 
@@ -103,9 +126,7 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> l
                      "seed": s, "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}")}
                 if quick:
                     c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
-                c.update({"lr": lrs[LR_OF[key]]} if LR_OF[key] else ONCE)
-                if key in HEAD_LR_OF:
-                    c["method_options"] = {**mo, "head_lr": lrs[HEAD_LR_OF[key]]}
+                c = set_lr(c, key, lrs[LR_OF[key]]) if LR_OF[key] else {**c, **ONCE}
                 g.append((f"{key}|{part}|s{s}", c))
     return g
 
@@ -123,7 +144,8 @@ def summarize(g, sums) -> dict:
         r["initials"].append(s["initial"])
         r["seeds"].append(c["seed"])
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
-        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=c.get("lr"),
+        lr = c.get("lr") if "head_lr" not in c["method_options"] else [c["lr"], c["method_options"]["head_lr"]]
+        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=lr,
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])
     return rows
@@ -202,7 +224,7 @@ def render(res: dict) -> str:
         m, sd, n = ms(r["finals"])
         L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
                  f"{', '.join(map(str, r['seeds']))} | "
-                 f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {'-' if r['lr'] is None else format(r['lr'], 'g')} |")
+                 f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {'-' if r['lr'] is None else lr_name(r['lr'])} |")
     L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
     n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
     L += ["", f"Test images: {n} (one image = {100 / n:.2f} pp). Plots: "
@@ -242,39 +264,22 @@ def calibrate(a) -> None:
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
     if kinds - set(SWEEP):
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
-    first = [k for k in SWEEP if k in kinds and k not in HEAD_LR_OF]
-    then = [k for k in SWEEP if k in kinds and k in HEAD_LR_OF]
-    command = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:])
-    if first:
-        calibrate_kinds(a, first, merge=bool(a.kinds), command=command)
-    if then:
-        z_lr = chosen_lrs(a.quick).get("flite")
-        if z_lr is None:
-            raise SystemExit("--kinds flite_head sweeps the head's lr with z at FLITE's chosen lr: calibrate flite first")
-        calibrate_kinds(a, then, merge=True, command=None if first else command, z_lr=z_lr)
-
-
-def calibrate_kinds(a, kinds: list[str], merge: bool, command: str | None, z_lr: float | None = None) -> None:
-    """Run (or reuse) `kinds`' sweeps; with `merge`, join the kinds calibrated before (and their command chain, to
-    which `command` is added unless None: the same invocation's first stage wrote it)."""
-    g = calibration_grid(a.quick, kinds, z_lr)
+    g = calibration_grid(a.quick, [k for k in SWEEP if k in kinds])
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
-    res = [{"label": label, "lr": c["method_options"].get("head_lr", c["lr"]), "z_lr": c["lr"],
-            "validation_accuracy": s.get("final"), "initial": s.get("initial"), "error": s.get("error")}
-           for (label, c), s in zip(g, sums)]
+    res = [{"label": label, "lr": lr, "validation_accuracy": s.get("final"), "initial": s.get("initial"),
+            "error": s.get("error")} for (label, c), lr, s in zip(g, [lr for k in SWEEP if k in kinds for lr in SWEEP[k]], sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
-    wall = time.time() - t0
+    command, wall = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:]), time.time() - t0
     p = common.RESULTS / f"{name}.json"
-    if merge and p.exists():                    # the other kinds' runs, as calibrated before
+    if a.kinds and p.exists():                  # the other kinds' runs, as calibrated before
         old = json.loads(p.read_text())
         res = [r for r in old["runs"] if r["label"].split(" ")[0] not in kinds] + res
-        command = old["meta"]["command"] + (f"; then {command}" if command else "")
-        wall += old["wall_s"]
+        command, wall = old["meta"]["command"] + "; then " + command, old["wall_s"] + wall
     acc: dict[str, dict] = {}                   # kind -> {lr: validation accuracy} of the runs that finished
     for r in res:
         if r["validation_accuracy"] is not None:
-            acc.setdefault(r["label"].split(" ")[0], {})[r["lr"]] = r["validation_accuracy"]
+            acc.setdefault(r["label"].split(" ")[0], {})[hashable(r["lr"])] = r["validation_accuracy"]
     chosen = {k: max(a, key=lambda lr: (a[lr], -list(a).index(lr))) for k, a in acc.items()}   # ties: the first run
     data = {"meta": meta(command), "runs": res, "sweep": SWEEP, "chosen": chosen,
             "setting": {k: v for k, v in g[0][1].items() if k not in ("lr", "out", "method", "method_options")}, "wall_s": wall}
@@ -283,19 +288,17 @@ def calibrate_kinds(a, kinds: list[str], merge: bool, command: str | None, z_lr:
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
           "| run | validation accuracy |", "|---|---|"]
     md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} |" for r in res]
-    heads = [r for r in res if r["label"].split(" ")[0] in HEAD_LR_OF]
-    md += [f"\nflite_head: its lr is the trained head's (head_lr); z trains at FLITE's lr {heads[0]['z_lr']:g}."] if heads else []
-    edge = {k: v for k, v in data["chosen"].items() if v in (min(SWEEP[k]), max(SWEEP[k]))}
-    md += ["", "Chosen: " + ", ".join(f"{k} {v:g}" for k, v in data["chosen"].items())]
+    edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v)}
+    md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v)}" for k, v in data["chosen"].items())]
     n = data["setting"]["task_options"]["test_size"]
 
-    def beside(k, v):           # the chosen lr's neighbour in the sweep, and the gap in validation images
+    def beside(k, v):           # the chosen lr's neighbour in the sweep (a pair's: the runner-up), the gap in images
         a, lrs = acc[k], sorted(acc[k])
         if len(lrs) < 2:
             return ""
-        nb = lrs[1] if v == lrs[0] else lrs[-2]
-        return f" ({a[v]:.4f} vs {a[nb]:.4f} at {nb:g}: {round((a[v] - a[nb]) * n)} of {n} images)"
-    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {v:g}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
+        nb = max((x for x in a if x != v), key=a.get) if k in PAIRED else lrs[1] if v == lrs[0] else lrs[-2]
+        return f" ({a[v]:.4f} vs {a[nb]:.4f} at {lr_name(nb)}: {round((a[v] - a[nb]) * n)} of {n} images)"
+    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {lr_name(v)}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
     print(write(name, data, "\n".join(md) + "\n"))
 
 

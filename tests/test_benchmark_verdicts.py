@@ -81,20 +81,24 @@ def test_every_grid_config_of_zoflite_claims_validates(setting, quick):
 def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quick):
     from lightfed import config as C
     from lightfed.engine import local
-    from flite_vision import HEAD_LR_OF, LR_OF, ONCE, ROWS, SWEEP, calibration_grid, grid
-    lrs = {"flite": 0.1, "fedavg": 3e-5, "lora": 3e-4, "flite_head": 1e-3}
+    from flite_vision import LR_OF, ONCE, PAIRED, ROWS, SWEEP, calibration_grid, grid
+    lrs = {"flite": 0.1, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3]}
     g = grid([0, 1, 2], quick, lrs)
-    cal = calibration_grid(quick, SWEEP, z_lr=0.1)
+    cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
     for label, c in g + cal:
         local.check(C.from_dict(c))
     for label, c in g:
         key = label.split("|")[0]
-        assert c["lr"] == lrs[LR_OF[key]] if LR_OF[key] else {k: c[k] for k in ONCE} == ONCE
-        assert c["method_options"].get("head_lr") == (lrs[HEAD_LR_OF[key]] if key in HEAD_LR_OF else None)
-    assert len(cal) == sum(map(len, SWEEP.values()))
-    heads = [c for label, c in cal if label.startswith("flite_head ")]     # the head's lr swept, z at FLITE's
-    assert [c["method_options"]["head_lr"] for c in heads] == SWEEP["flite_head"] and {c["lr"] for c in heads} == {0.1}
+        want = lrs[LR_OF[key]] if LR_OF[key] else None
+        if key in PAIRED:           # z's lr and the trained head's
+            assert [c["lr"], c["method_options"]["head_lr"]] == want
+        else:
+            assert c["lr"] == want if want else {k: c[k] for k in ONCE} == ONCE
+            assert "head_lr" not in c["method_options"]
+    assert len(cal) == sum(map(len, SWEEP.values())) == len({c["out"] for _, c in cal})
+    heads = [(c["lr"], c["method_options"]["head_lr"]) for label, c in cal if label.startswith("flite_head ")]
+    assert heads == list(SWEEP["flite_head"])
 
 
 def test_wilson_interval_matches_a_hand_computation():
