@@ -131,12 +131,28 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> l
     return g
 
 
+def weight_moves(c: dict) -> dict | None:
+    """How far a FLITE run's final global z moved each generated convolution from the base: ||dW_l|| / ||W_pre,l||,
+    min / median / max over the layers (from the run's last checkpoint; None for other methods)."""
+    from safetensors.torch import load_file
+    from lightfed import config as C
+    from lightfed.engine import local
+    from lightfed.models import latent
+    ck = Path(c["out"]) / "ckpt"
+    if c["method"] != "flite" or not (ck / "latest.json").exists():
+        return None
+    z = load_file(ck / json.loads((ck / "latest.json").read_text())["dir"] / "state.safetensors")["z"].float()
+    model = local.build(C.from_dict({**c, "dtype": "fp32"})).model
+    r = sorted(float(L.delta(z[L.lo:L.hi]).norm() / L.base.weight.float().norm()) for _, L in latent.latent_layers(model))
+    return {"min": r[0], "median": r[len(r) // 2], "max": r[-1]}
+
+
 def summarize(g, sums) -> dict:
     rows: dict[str, dict] = {}
     for (label, c), s in zip(g, sums):
         key, part, _ = label.split("|")
         r = rows.setdefault(f"{key}|{part}", {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [],
-                                              "errors": [], "curves": []})
+                                              "errors": [], "curves": [], "weight_moves": []})
         if "error" in s:
             r["errors"].append(s["error"])
             continue
@@ -144,6 +160,7 @@ def summarize(g, sums) -> dict:
         r["initials"].append(s["initial"])
         r["seeds"].append(c["seed"])
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
+        r["weight_moves"].append(weight_moves(c))
         lr = c.get("lr") if "head_lr" not in c["method_options"] else [c["lr"], c["method_options"]["head_lr"]]
         r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=lr,
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
@@ -225,6 +242,15 @@ def render(res: dict) -> str:
         L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
                  f"{', '.join(map(str, r['seeds']))} | "
                  f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {'-' if r['lr'] is None else lr_name(r['lr'])} |")
+    moves = [(label[r["key"]], r["partition"], r["seeds"], r["weight_moves"]) for r in res["rows"].values()
+             if any(r.get("weight_moves") or [])]
+    if moves:
+        L += ["", "How far FLITE's final global z moved the generated convolutions from the base: ||dW_l|| / ||W_pre,l||, "
+              "min / median / max over the 20 layers (above 1, the change outweighs the pretrained weight; GroupNorm "
+              "then hides the scale, and the base is replaced rather than tuned).", "",
+              "| row | partition | per seed: min / median / max |", "|---|---|---|"]
+        L += [f"| {lab} | {part} | " + "; ".join(f"s{sd}: {w['min']:.2f} / {w['median']:.2f} / {w['max']:.2f}"
+                                                  for sd, w in zip(seeds, ws) if w) + " |" for lab, part, seeds, ws in moves]
     L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
     n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
     L += ["", f"Test images: {n} (one image = {100 / n:.2f} pp). Plots: "
@@ -268,7 +294,7 @@ def calibrate(a) -> None:
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
     res = [{"label": label, "lr": lr, "validation_accuracy": s.get("final"), "initial": s.get("initial"),
-            "error": s.get("error")} for (label, c), lr, s in zip(g, [lr for k in SWEEP if k in kinds for lr in SWEEP[k]], sums)]
+            "error": s.get("error"), "weight_moves": None if "error" in s else weight_moves(c)} for (label, c), lr, s in zip(g, [lr for k in SWEEP if k in kinds for lr in SWEEP[k]], sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
     command, wall = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:]), time.time() - t0
     p = common.RESULTS / f"{name}.json"
@@ -286,8 +312,9 @@ def calibrate(a) -> None:
     md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
           f"One seed, IID, {data['setting']['rounds']} rounds, scored on {data['setting']['task_options']['test_size']} validation images "
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
-          "| run | validation accuracy |", "|---|---|"]
-    md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} |" for r in res]
+          "| run | validation accuracy | FLITE: ||dW_l|| / ||W_pre,l||, median over the 20 convolutions |", "|---|---|---|"]
+    md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} | "
+           f"{format(r['weight_moves']['median'], '.2f') if r.get('weight_moves') else '-'} |" for r in res]
     edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v)}
     md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v)}" for k, v in data["chosen"].items())]
     n = data["setting"]["task_options"]["test_size"]
