@@ -9,7 +9,7 @@ Setting: task fmnist, arch resnet18 (models/vision.GNResNet18: 11.2M weights, 20
 from 30,000-59,999, 2,000 official test images (one image = 0.05 pp); 10 clients, half a round, 20 rounds x 10
 local steps of 32, the lr decayed over the rounds (cosine), IID and Dirichlet(0.1); forwards in bf16 (autocast; trainable weights and messages fp32) for
 every row alike. FLITE in the paper's form: r = 8 matrix latents on each of the 20 convolutions (20 x 64 = 1,280),
-the frozen orthogonal head, int4 or fp32 latents; against full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's
+the frozen orthogonal head, int4 or fp32 latents, or a trained head (fp32, at its own lr: head_lr); against full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's
 conv LoRA, r = 8 on every block's conv1 / conv2, head trained), top-k 1% and PowerSGD rank 4 (error feedback); and, for
 reference, what the base's frozen features allow: the probe (a closed-form head from one round of class statistics).
 Every lr is chosen on validation images (300 training images the run never trains on: task option validation),
@@ -64,9 +64,10 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
 # FLITE's best lrs under the frozen head drive the generated convolutions to 30-110x the pretrained weights (||dW|| /
 # ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained head, z and the head are swept
-# together (z's lr, head_lr): a head trained at z's lr 3 diverged.
+# together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was begun; its head lr 1e-2 diverged
+# (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3).
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
-         "flite_head": [(z, h) for z in (1e-3, 1e-4, 1e-2) for h in (1e-3, 1e-2)]}     # the middle z first
+         "flite_head": [(1e-3, 1e-3), (1e-3, 1e-2), (1e-4, 1e-3), (1e-2, 1e-3), (1e-3, 1e-4)]}   # a cross around (1e-3, 1e-3)
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
