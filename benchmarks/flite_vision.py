@@ -62,12 +62,13 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # FLITE's sweep grew upward twice, each time because its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
 # 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3), then 10 (3 on top by one
 # image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
-# FLITE's best lrs under the frozen head drive the generated convolutions to 30-110x the pretrained weights (||dW|| /
+# FLITE's best lrs under the frozen head drive the generated convolutions to 35x (lr 3) and 115x (lr 10) the pretrained weights (||dW|| /
 # ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained head, z and the head are swept
 # together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was begun; its head lr 1e-2 diverged
 # (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3).
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
-         "flite_head": [(1e-3, 1e-3), (1e-3, 1e-2), (1e-4, 1e-3), (1e-2, 1e-3), (1e-3, 1e-4)]}   # a cross around (1e-3, 1e-3)
+         "flite_head": [(1e-3, 1e-3), (1e-3, 1e-2), (1e-4, 1e-3), (1e-2, 1e-3), (1e-3, 1e-4),   # a cross around (1e-3, 1e-3),
+                        (3e-2, 1e-3), (1e-1, 1e-3)]}                                            # then z past 1e-2 (on top)
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
@@ -87,9 +88,8 @@ def hashable(lr):
     return tuple(lr) if isinstance(lr, (list, tuple)) else lr
 
 
-def at_edge(kind: str, lr) -> bool:
-    """The chosen lr (each coordinate of a pair) at the sweep's lowest or highest value."""
-    pts = [hashable(x) for x in SWEEP[kind]]
+def at_edge(kind: str, lr, pts) -> bool:
+    """The chosen lr (each coordinate of a pair) at the lowest or highest value of the runs `pts` that finished."""
     if kind not in PAIRED:
         return lr in (min(pts), max(pts))
     return any(lr[i] in (min(p[i] for p in pts), max(p[i] for p in pts)) for i in range(2))
@@ -241,7 +241,8 @@ def render(res: dict) -> str:
     fa = res["rows"].get("fedavg|iid", {}).get("up")
     for k, r in res["rows"].items():
         if not r["finals"]:
-            L.append(f"| {label[r['key']]} | {r['partition']} | not run: {(r['errors'] or ['?'])[0][:60]} | | | | | |")
+            e = (r["errors"] or ["not run"])[0]
+            L.append(f"| {label[r['key']]} | {r['partition']} | {e[:60] if e.startswith('not run') else 'failed: ' + e[:60]} | | | | | |")
             continue
         m, sd, n = ms(r["finals"])
         L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
@@ -250,7 +251,7 @@ def render(res: dict) -> str:
     moves = [(label[r["key"]], r["partition"], r["seeds"], r["weight_moves"]) for r in res["rows"].values()
              if any(r.get("weight_moves") or [])]
     if moves:
-        L += ["", "How far FLITE's final global z moved the generated convolutions from the base: ||dW_l|| / ||W_pre,l||, "
+        L += ["", "How far FLITE's final global z moved the generated convolutions from the base: ‖dW_l‖ / ‖W_pre,l‖, "
               "min / median / max over the 20 layers (above 1, the change outweighs the pretrained weight; GroupNorm "
               "then hides the scale, and the base is replaced rather than tuned).", "",
               "| row | partition | per seed: min / median / max |", "|---|---|---|"]
@@ -317,10 +318,10 @@ def calibrate(a) -> None:
     md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
           f"One seed, IID, {data['setting']['rounds']} rounds, scored on {data['setting']['task_options']['test_size']} validation images "
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
-          "| run | validation accuracy | FLITE: ||dW_l|| / ||W_pre,l||, median over the 20 convolutions |", "|---|---|---|"]
-    md += [f"| {r['label']} | {'failed' if r['error'] else format(r['validation_accuracy'], '.4f')} | "
+          "| run | validation accuracy | FLITE: ‖dW_l‖ / ‖W_pre,l‖, median over the 20 convolutions |", "|---|---|---|"]
+    md += [f"| {r['label']} | {format(r['validation_accuracy'], '.4f') if not r['error'] else 'not run yet' if r['error'].startswith('not run') else 'failed'} | "
            f"{format(r['weight_moves']['median'], '.2f') if r.get('weight_moves') else '-'} |" for r in res]
-    edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v)}
+    edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v, list(acc[k]))}
     md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v)}" for k, v in data["chosen"].items())]
     n = data["setting"]["task_options"]["test_size"]
 
