@@ -9,8 +9,8 @@ Setting: task fmnist, arch resnet18 (models/vision.GNResNet18: 11.2M weights, 20
 from 30,000-59,999, 2,000 official test images (one image = 0.05 pp); 10 clients, half a round, 20 rounds x 10
 local steps of 32, the lr decayed over the rounds (cosine), IID and Dirichlet(0.1); forwards in bf16 (autocast; trainable weights and messages fp32) for
 every row alike. FLITE in the paper's form: r = 8 matrix latents on each of the 20 convolutions (20 x 64 = 1,280),
-the frozen orthogonal head, int4 or fp32 latents, or a trained head (fp32, at its own lr: head_lr); against full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's
-conv LoRA, r = 8 on every block's conv1 / conv2, head trained), top-k 1% and PowerSGD rank 4 (error feedback); and, for
+the frozen orthogonal head, int4 or fp32 latents, or a trained head (fp32, at its own lr: head_lr); against
+full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's conv LoRA, r = 8 on every block's conv1 / conv2, head trained), top-k 1% and PowerSGD rank 4 (error feedback); and, for
 reference, what the base's frozen features allow: the probe (a closed-form head from one round of class statistics).
 Every lr is chosen on validation images (300 training images the run never trains on: task option validation),
 never on the test set (--calibrate; results flite_vision_calibrate.*).
@@ -62,8 +62,8 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # FLITE's sweep grew upward twice, each time because its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
 # 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3), then 10 (3 on top by one
 # image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
-# FLITE's best lrs under the frozen head drive the generated convolutions to 35x (lr 3) and 115x (lr 10) the pretrained weights (||dW|| /
-# ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained head, z and the head are swept
+# FLITE's best lrs under the frozen head drive the generated convolutions to 35x (lr 3) and 115x (lr 10) the
+# pretrained weights (||dW|| / ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained head, z and the head are swept
 # together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was begun; its head lr 1e-2 diverged
 # (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3).
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
@@ -78,6 +78,11 @@ def set_lr(c: dict, key: str, lr) -> dict:
     if key in PAIRED:
         return {**c, "lr": lr[0], "method_options": {**c["method_options"], "head_lr": lr[1]}}
     return {**c, "lr": lr}
+
+
+def run_lr(c: dict):
+    """A run's lr as set_lr set it: a float, or [z's lr, head_lr]."""
+    return [c["lr"], c["method_options"]["head_lr"]] if "head_lr" in c["method_options"] else c.get("lr")
 
 
 def lr_name(lr) -> str:
@@ -165,8 +170,7 @@ def summarize(g, sums) -> dict:
         r["seeds"].append(c["seed"])
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
         r["weight_moves"].append(weight_moves(c))
-        lr = c.get("lr") if "head_lr" not in c["method_options"] else [c["lr"], c["method_options"]["head_lr"]]
-        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=lr,
+        r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=run_lr(c),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])
     return rows
@@ -291,16 +295,15 @@ def plot(res: dict, name: str) -> None:
 
 
 def calibrate(a) -> None:
-    """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr.
-    The trained head's lr is swept second, with z at the lr FLITE has just been given."""
+    """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr."""
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
     if kinds - set(SWEEP):
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
     g = calibration_grid(a.quick, [k for k in SWEEP if k in kinds])
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
-    res = [{"label": label, "lr": lr, "validation_accuracy": s.get("final"), "initial": s.get("initial"),
-            "error": s.get("error"), "weight_moves": None if "error" in s else weight_moves(c)} for (label, c), lr, s in zip(g, [lr for k in SWEEP if k in kinds for lr in SWEEP[k]], sums)]
+    res = [{"label": label, "lr": run_lr(c), "validation_accuracy": s.get("final"), "initial": s.get("initial"),
+            "error": s.get("error"), "weight_moves": None if "error" in s else weight_moves(c)} for (label, c), s in zip(g, sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
     command, wall = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:]), time.time() - t0
     p = common.RESULTS / f"{name}.json"
@@ -319,8 +322,10 @@ def calibrate(a) -> None:
           f"One seed, IID, {data['setting']['rounds']} rounds, scored on {data['setting']['task_options']['test_size']} validation images "
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
           "| run | validation accuracy | FLITE: ‖dW_l‖ / ‖W_pre,l‖, median over the 20 convolutions |", "|---|---|---|"]
-    md += [f"| {r['label']} | {format(r['validation_accuracy'], '.4f') if not r['error'] else 'not run yet' if r['error'].startswith('not run') else 'failed'} | "
-           f"{format(r['weight_moves']['median'], '.2f') if r.get('weight_moves') else '-'} |" for r in res]
+    for r in res:
+        score = (format(r["validation_accuracy"], ".4f") if not r["error"]
+                 else "not run yet" if r["error"].startswith("not run") else "failed")
+        md.append(f"| {r['label']} | {score} | {format(r['weight_moves']['median'], '.2f') if r.get('weight_moves') else '-'} |")
     edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v, list(acc[k]))}
     md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v)}" for k, v in data["chosen"].items())]
     n = data["setting"]["task_options"]["test_size"]
