@@ -68,12 +68,16 @@ BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora
              ("FedALA (p = every layer)", "fedala", {"top": 0}, "fedala"), ("FedSSI", "fedssi", {}, "fedssi")]
 INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
-# FedNL's rows (label, lr_decay, folder slug, task options added, controls): the grid's FedNL decays its lr over the rounds
-# (cosine); the first grid's constant lr is kept beside it (seed 2's global model swung from round to round there:
-# fednl_local_vs_global.md); "stream LM loss" adds the haystack's own next-token NLL to the answer's (lm_weight 1: the two
-# means summed), for the CE target. controls: the row's model evaluated with its memory reset per chunk, and its CE curves.
-FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, True), ("FedNL, constant lr", "none", "fednl", {}, False),
-              ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, True)]
+# FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls): the grid's FedNL decays
+# its lr over the rounds (cosine); the first grid's constant lr is kept beside it (seed 2's global model swung from round to
+# round there: fednl_local_vs_global.md); "stream LM loss" adds the haystack's own next-token NLL to the answer's (lm_weight
+# 1: the two means summed), for the CE target; "forgetting gate" adds Gated DeltaNet's a_t, started at 1 - 1e-3 (a write
+# fades to e^-1 after ~1,000 tokens: 16 chunks, the length the retrieval target asks 0.5 at; a guess from that horizon, not
+# tuned), against the carried memory's CE drift along 16K tokens. controls: the row's model evaluated with its memory reset
+# per chunk, and its CE curves.
+FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, {}, True), ("FedNL, constant lr", "none", "fednl", {}, {}, False),
+              ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, {}, True),
+              ("FedNL, stream LM loss, forgetting gate", "cosine", "fednl-lm-forget", {"lm_weight": 1.0}, {"forget": 1e-3}, True)]
 CONTROLLED = {name for name, *_, ctl in FEDNL_ROWS if ctl}
 
 
@@ -154,10 +158,11 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
            "eval_every": size["rounds"], "partition": "iid"}
     g = []
     for seed in seeds:
-        for name, decay, slug, extra, _ in FEDNL_ROWS:
+        for name, decay, slug, extra, mo, _ in FEDNL_ROWS:
             if methods is None or name in methods:
-                g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": recipe, "lr_decay": decay,
-                                              "task_options": {**size["task"], **extra}, "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
+                g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": {**recipe, **mo},
+                                              "lr_decay": decay, "task_options": {**size["task"], **extra},
+                                              "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
         for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"

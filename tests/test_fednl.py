@@ -307,11 +307,12 @@ def test_a_step_is_the_same_whatever_the_prefix_cache_held_before(one_thread):
     assert a0 == a1 > 0
 
 
-def test_fednl_learns_cross_chunk_recall_that_the_reset_memory_cannot(one_thread):
+@pytest.mark.parametrize("forget", [0.0, 0.02])
+def test_fednl_learns_cross_chunk_recall_that_the_reset_memory_cannot(one_thread, forget):
     """Learnability, in seconds: a tiny frozen causal LM with FedNL's memory branch; key-value pair tokens written
     in early chunks, the key asked in the last chunk, attention local to each 8-token chunk. Only the memory rules
-    train (LoRA q/k/v, beta, gate). The carried memory answers; the same model with its memory emptied at every
-    chunk is at chance (1/8)."""
+    train (LoRA q/k/v, beta, gate; and the forgetting gate, which starts by keeping 0.98 a token). The carried memory
+    answers; the same model with its memory emptied at every chunk is at chance (1/8)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     NK, NV, C, NCH = 8, 8, 8, 4
     PAIR, Q, A = 2, 2 + NK * NV, 2 + NK * NV + NK
@@ -320,7 +321,7 @@ def test_fednl_learns_cross_chunk_recall_that_the_reset_memory_cannot(one_thread
                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                      tie_word_embeddings=True))
     m.requires_grad_(False)
-    D.attach(m, [1], r=8, chunk=C, gate=0.1)
+    D.attach(m, [1], r=8, chunk=C, gate=0.1, forget=forget)
 
     def batch(n, g):
         ids = torch.ones(n, NCH * C, dtype=torch.long)                             # filler
@@ -346,3 +347,63 @@ def test_fednl_learns_cross_chunk_recall_that_the_reset_memory_cannot(one_thread
         opt.step()
     assert accuracy(reset=False) >= 0.95
     assert accuracy(reset=True) <= 0.3
+
+
+def log_alphas(B=2, H=3, T=150, seed=5, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (-0.3 * torch.rand(B, H, T, generator=g, dtype=torch.float64)).to(dtype)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 200])
+def test_the_forgetting_gate_chunked_equals_recurrent_across_chunks_and_from_a_state(chunk):
+    q, k, v, beta, S0 = qkvb()
+    g = log_alphas()
+    o1, S1 = D.recurrent(q, k, v, beta, S0, g)
+    o2, S2 = D.chunked(q, k, v, beta, S0, chunk, g)
+    assert (o1 - o2).abs().max() < 1e-5 and (S1 - S2).abs().max() < 1e-5
+    oa, Sa = D.chunked(q[:, :, :90], k[:, :, :90], v[:, :, :90], beta[:, :, :90], S0, chunk, g[:, :, :90])
+    ob, Sb = D.chunked(q[:, :, 90:], k[:, :, 90:], v[:, :, 90:], beta[:, :, 90:], Sa, chunk, g[:, :, 90:])
+    assert (torch.cat([oa, ob], 2) - o1).abs().max() < 1e-5 and (Sb - S1).abs().max() < 1e-5
+    # a = 1 everywhere is the plain rule; and the gate does change the result
+    o0, S0_ = D.chunked(q, k, v, beta, S0, chunk, torch.zeros_like(g))
+    o3, _ = D.chunked(q, k, v, beta, S0, chunk)
+    assert (o0 - o3).abs().max() < 1e-6 and (o3 - o2).abs().max() > 1e-2
+
+
+def test_the_forgetting_gate_scales_an_old_write_by_the_product_of_its_alphas():
+    """Write one value with step 1, then n tokens that write nothing (beta = 0): the read-back is prod(a) * value."""
+    dk, dv, n = 8, 4, 20
+    g0 = torch.Generator().manual_seed(2)
+    key = F.normalize(torch.randn(1, 1, 1, dk, generator=g0, dtype=torch.float64), dim=-1)
+    val = torch.randn(1, 1, 1, dv, generator=g0, dtype=torch.float64)
+    k = torch.cat([key, F.normalize(torch.randn(1, 1, n, dk, generator=g0, dtype=torch.float64), dim=-1)], 2)
+    v = torch.cat([val, torch.randn(1, 1, n, dv, generator=g0, dtype=torch.float64)], 2)
+    beta = torch.cat([torch.ones(1, 1, 1), torch.zeros(1, 1, n)], 2).double()
+    g = torch.log(torch.rand(1, 1, n + 1, generator=g0, dtype=torch.float64) * 0.1 + 0.9)
+    for fn in (D.recurrent, lambda *a: D.chunked(*a[:5], 6, a[5])):
+        _, S = fn(k, k, v, beta, None, g)
+        kept = g[0, 0, 1:].sum().exp()                                   # the first write is not forgotten by its own a
+        assert torch.allclose(S[0, 0].T @ key[0, 0, 0], kept * val[0, 0, 0], atol=1e-12)
+
+
+def test_the_forgetting_gate_gradients_match_finite_differences():
+    q, k, v, beta, S0 = qkvb(B=1, H=2, T=11, dk=4, dv=3, dtype=torch.float64)
+    g = log_alphas(B=1, H=2, T=11, dtype=torch.float64)
+    args = [t.requires_grad_() for t in (q, k, v, beta, S0, g)]
+    assert torch.autograd.gradcheck(lambda *a: D.chunked(*a[:5], 4, a[5])[0], args, eps=1e-6, atol=1e-5)
+
+
+def test_fednl_forget_option_adds_a_trained_gate_that_starts_at_its_rate_and_is_checked():
+    from lightfed.config import ConfigError
+    T, cfg, m, model = fednl_model(forget=1e-3)
+    ids = T.train["input_ids"][:2]
+    assert torch.equal(model(input_ids=ids).logits, T.model(input_ids=ids).logits)   # gate alpha 0: still the base
+    names = [n for n in m.shapes if ".memory.forget." in n]
+    assert names and all(model.get_parameter(n).requires_grad for n in names)
+    b = D.branches(model)[0]
+    _, _, _, _, g = b.qkv(torch.randn(1, 5, b.attn[0].q_proj.in_features))
+    assert torch.allclose(g.exp(), torch.full_like(g, 1 - 1e-3), atol=1e-6)
+    _, _, m0, _ = fednl_model()
+    assert not any(".forget." in n for n in m0.shapes)                  # forget 0: the plain rule, nothing added
+    with pytest.raises(ConfigError, match="forget"):
+        methods.build(tiny_config("austen", "fednl", method_options={"forget": 1.0}))

@@ -6,10 +6,10 @@
 
 The backbone (a Llama-style causal LM) is frozen. In each chosen decoder layer a memory branch
 (`models/delta_memory.MemoryBranch`) reads the attention's input h and adds alpha (.) o_mem through the
-layer's o_proj; theta = its LoRA deltas on the frozen q/k/v projections, its beta projection and its
-per-head gate alpha (0 at start: round 0 is the pretrained model). theta is the only trainable and
-the only transmitted set: the schemas are built from the trainable parameters, and the memory state
-lives in a `delta_memory.Stream`, never a parameter or buffer, so no message can hold it.
+layer's o_proj; theta = its LoRA deltas on the frozen q/k/v projections, its beta projection (and its
+forgetting gate's, with `forget`) and its per-head gate alpha (0 at start: round 0 is the pretrained model).
+theta is the only trainable and the only transmitted set: the schemas are built from the trainable parameters,
+and the memory state lives in a `delta_memory.Stream`, never a parameter or buffer, so no message can hold it.
 
 Training backpropagates through the memory trajectory of each training sequence from S = 0; the
 trajectory is truncated at the sequence (a task's block or its chunked stream, see tasks.niah).
@@ -35,11 +35,14 @@ class Options(fedavg.Options):
     gate: float = 0.0        # the per-head gate alpha at start (0: round 0 is the pretrained model)
     gate_lr: float = 0.0     # the gate's own lr (0: the run's lr)
     beta_bias: float = 0.0   # the write step's bias at start: beta = sigmoid(beta_bias) for every token
+    forget: float = 0.0      # the forgetting gate's rate at start: each token keeps 1 - forget of the memory (0: none)
 
     def check(self):
         super().check()
         if self.r < 1 or self.chunk < 1 or self.n_layers < 1 or self.r_k < 0:
             raise ConfigError("fednl: r, chunk and n_layers must be >= 1, r_k >= 0")
+        if not 0 <= self.forget < 1:
+            raise ConfigError(f"fednl: forget = {self.forget}: must be in [0, 1) (0: no forgetting gate)")
         if self.gate_lr < 0:
             raise ConfigError(f"fednl: gate_lr = {self.gate_lr}: must be >= 0 (0: the run's lr)")
         if self.layers != "auto" and not all(x.strip().isdigit() for x in self.layers.split(",")):
@@ -85,7 +88,8 @@ class FedNL(fedavg.FedAvg):
             p.requires_grad = False
         o = self.opts
         self.layers = choose_layers(o.layers, o.n_layers, total)
-        delta_memory.attach(model, self.layers, r=o.r, chunk=o.chunk, beta_bias=o.beta_bias, gate=o.gate, r_k=o.r_k)
+        delta_memory.attach(model, self.layers, r=o.r, chunk=o.chunk, beta_bias=o.beta_bias, gate=o.gate, r_k=o.r_k,
+                            forget=o.forget)
         model.prefix_cache = streaming.PrefixCache()     # the frozen layers below the first memory layer, per chunk
         return super().prepare(model)
 
