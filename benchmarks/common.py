@@ -173,6 +173,11 @@ def write(name: str, data: dict, md: str) -> Path:
     return RESULTS / f"{name}.md"
 
 
+def why(error: str, n: int = 60) -> str:
+    """A table cell for a row with no result: "not run ..." whole, or "failed: " and the error's first n characters."""
+    return error if error.startswith("not run") else f"failed: {error[:n]}"
+
+
 def ms(xs) -> tuple[float, float, int]:
     """(mean, sample sd, n) of the values that are not None."""
     xs = [x for x in xs if x is not None]

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import reuse_or_run, verdict  # noqa: E402
+from common import reuse_or_run, verdict, why  # noqa: E402
 
 RUNS = Path("runs/fednl_retrieval")
 UNIT = 64
@@ -375,7 +375,7 @@ def markdown_recipe(r: dict) -> list[str]:
          "| recipe row | outside the question's chunk | cells (chunks/depth: exact match) | s / step |", "|---|---|---|---|"]
     for row in r["rows"]:
         if "error" in row:
-            L.append(f"| {row['label']} | failed: {row['error'][:80]} | | |")
+            L.append(f"| {row['label']} | {why(row['error'], 80)} | | |")
             continue
         cells = ", ".join(f"{k}: {v:.2f}" for k, v in row["cells"].items())
         L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | {cells} | {row['s_per_step']:.2f} |")
@@ -409,7 +409,7 @@ def markdown_retrieval(r: dict) -> list[str]:
          "|---|" + "---|" * (len(lens) + 2)]
     for name, row in r["rows"].items():
         if not row["cells"]:
-            L.append(f"| {name} | " + " | ".join("-" for _ in lens) + f" | - | failed: {row['errors'][0][:60] if row['errors'] else ''} |")
+            L.append(f"| {name} | " + " | ".join("-" for _ in lens) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed'} |")
             continue
         per = [by_length(c) for c in row["cells"]]
         inq = [np.mean([v for k, v in c.items() if k.endswith("/1")]) for c in row["cells"]]
@@ -641,7 +641,7 @@ def markdown_templates(r: dict) -> list[str]:
          "| row | " + " | ".join(ts) + " | mean over templates | seeds |", "|---|" + "---|" * (len(ts) + 2)]
     for name, row in r["rows"].items():
         if not row["cells"]:
-            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | failed: {row['errors'][0][:60] if row['errors'] else ''} |")
+            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed'} |")
             continue
         bt = r["by_template"][name]
         mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row["cells"]))]

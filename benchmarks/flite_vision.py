@@ -246,7 +246,7 @@ def render(res: dict) -> str:
     for k, r in res["rows"].items():
         if not r["finals"]:
             e = (r["errors"] or ["not run"])[0]
-            L.append(f"| {label[r['key']]} | {r['partition']} | {e[:60] if e.startswith('not run') else 'failed: ' + e[:60]} | | | | | |")
+            L.append(f"| {label[r['key']]} | {r['partition']} | {common.why(e)} | | | | | |")
             continue
         m, sd, n = ms(r["finals"])
         L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
