@@ -68,7 +68,8 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3).
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
          "flite_head": [(1e-3, 1e-3), (1e-3, 1e-2), (1e-4, 1e-3), (1e-2, 1e-3), (1e-3, 1e-4),   # a cross around (1e-3, 1e-3),
-                        (3e-2, 1e-3), (1e-1, 1e-3)]}                                            # then z past 1e-2 (on top)
+                        (3e-2, 1e-3), (1e-1, 1e-3), (3e-1, 1e-3), (1.0, 1e-3)]}                  # then z past 1e-2, past 1e-1
+                                                                                                #   (each on top)
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
