@@ -184,6 +184,13 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     def within(a, b, pp):       # a >= b - pp, judged over seeds: met when a's range clears b - pp
         return verdict([-x for x in a], [-(y - pp) for y in b], True) if a and b else "not run"
 
+    def gap(ka, kb, pa="iid", pb="iid"):   # a - b in pp over the seeds both rows ran (seed by seed, then the mean)
+        ra, rb = rows.get(f"{ka}|{pa}", {}), rows.get(f"{kb}|{pb}", {})
+        a, b = dict(zip(ra.get("seeds", []), ra.get("finals", []))), dict(zip(rb.get("seeds", []), rb.get("finals", [])))
+        both = sorted(set(a) & set(b))
+        d = np.mean([a[s] - b[s] for s in both]) * 100 if both else float("nan")
+        return f"{d:+.2f} pp over seed{'s' if len(both) > 1 else ''} {', '.join(map(str, both))}"
+
     out = []
     fl, fa = f("flite"), f("fedavg")
     out.append(("FLITE within 1 pp of FedAvg fp32 (IID): FLITE >= FedAvg - 1 pp", within(fl, fa, 0.01)
@@ -191,7 +198,7 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     fld, fad = f("flite", "dirichlet:0.1"), f("fedavg", "dirichlet:0.1")
     if fld and fad:
         out.append(("Dirichlet(0.1): FLITE no worse than FedAvg - 1 pp", within(fld, fad, 0.01)
-                    + f" (FLITE - FedAvg = {100 * (np.mean(fld) - np.mean(fad)):+.2f} pp; the paper: +0.97 pp)"))
+                    + f" (FLITE - FedAvg = {gap('flite', 'fedavg', 'dirichlet:0.1', 'dirichlet:0.1')}; the paper: +0.97 pp)"))
     r = rows.get("flite|iid")
     if r and "up" in r:
         fa_up = rows.get("fedavg|iid", {}).get("up")
@@ -208,16 +215,20 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         both = (verdict([-x for x in i4], [-(y - 0.005) for y in f32], True) == "met"
                 and verdict(i4, [y + 0.005 for y in f32], True) == "met")
         apart = verdict(i4, f32, True) if abs(d) > 0.5 else ""
-        out.append(("int4 latents within 0.5 pp of fp32 latents", ("met" if both else ("missed" if apart in ("met", "missed")
-                    else "inconclusive (the seeds' ranges do not settle it)")) + f" (int4 - fp32 = {d:+.2f} pp)"))
+        word = ("met" if both else "missed" if apart in ("met", "missed") else verdict(i4, f32, True)
+                if min(len(i4), len(f32)) < 3 else "inconclusive (the seeds' ranges do not settle it)")
+        out.append(("int4 latents within 0.5 pp of fp32 latents", f"{word} (int4 - fp32 = {gap('flite', 'flite_fp32')})"))
     q = f("fedavg_int4")
     if q:
+        q0 = rows["fedavg_int4|iid"]["initials"]
         out.append(("int4 full-weight FedAvg", f"{np.mean(q):.4f} (chance {CHANCE}); FedAvg fp32 {np.mean(fa):.4f}"
-                    + (" (collapses to chance)" if np.mean(q) < CHANCE + 0.05 else "")))
+                    + (" (collapses to chance)" if np.mean(q) < CHANCE + 0.05 else "")
+                    + (f" (round 0, the int4-decoded base: {np.mean(q0):.4f}; the global model does not move)"
+                       if abs(np.mean(q) - np.mean(q0)) < 0.005 else "")))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
-                    + f" ({np.mean(fl):.4f} vs {np.mean(sc):.4f}; the paper: 74.67% vs 2.5%)"))
+                    + f" (pretrained - scratch = {gap('flite', 'flite_scratch')}; the paper: 74.67% vs 2.5%)"))
     pr = f("probe")
     if pr:
         out.append(("what the frozen base's features allow (the probe: a closed-form head, no body change; for reference)",
@@ -226,7 +237,8 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     if hd and fl:
         o = f32 or fl              # the trained head travels as fp32: its like-for-like is the fp32-latent row
         out.append((f"frozen orthogonal head above a trained head ({'fp32' if f32 else 'int4'} latents)", verdict(o, hd, False)
-                    + f" (orthogonal - trained = {100 * (np.mean(o) - np.mean(hd)):+.2f} pp; the paper: +0.54 pp)"))
+                    + f" (orthogonal - trained = {gap('flite_fp32' if f32 else 'flite', 'flite_head')}; the paper: "
+                    "+0.54 pp)"))
     return out
 
 
