@@ -223,7 +223,7 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         q0 = rows["fedavg_int4|iid"]["initials"]
         out.append(("int4 full-weight FedAvg", f"{np.mean(q):.4f} (chance {CHANCE}); FedAvg fp32 {np.mean(fa):.4f}"
                     + (" (collapses to chance)" if np.mean(q) < CHANCE + 0.05 else "")
-                    + (f" (round 0, the int4-decoded base: {np.mean(q0):.4f}; the global model does not move)"
+                    + (f" (round 0, the int4-decoded base: {np.mean(q0):.4f}; the accuracy does not move)"
                        if abs(np.mean(q) - np.mean(q0)) < 0.005 else "")))
     sc = f("flite_scratch")
     if sc and fl:
