@@ -290,13 +290,14 @@ def plot(res: dict, name: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     label = {k: lab for k, lab, *_ in ROWS}
+    color = {k: f"C{i % 10}" for i, (k, *_) in enumerate(ROWS)}   # one colour per row in both panels
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
     for k, r in res["rows"].items():
         if not r["finals"] or r["partition"] != "iid":
             continue
         m, sd, _ = ms(r["finals"])
         a.errorbar([r["up"]], [m], yerr=[[m - min(r["finals"])], [max(r["finals"]) - m]], fmt="o", capsize=3,
-                   label=label[r["key"]])
+                   color=color[r["key"]], label=label[r["key"]])
     a.set_xscale("log")
     a.set(xlabel="uplink bytes per client per round (len of the message)", ylabel="test accuracy",
           title="accuracy vs uplink (IID; bars: seed range)")
@@ -304,8 +305,9 @@ def plot(res: dict, name: str) -> None:
     for k, r in res["rows"].items():
         for j, cur in enumerate(r["curves"]):
             xs, ys = zip(*cur)
-            b.plot(xs, ys, "-", alpha=0.7, label=f"{label[r['key']]} ({r['partition']})" if j == 0 else None)
-    b.set(xlabel="round", ylabel="test accuracy", title="curves (every seed)")
+            b.plot(xs, ys, "-" if r["partition"] == "iid" else "--", color=color[r["key"]], alpha=0.7,
+                   label=f"{label[r['key']]} ({r['partition']})" if j == 0 else None)
+    b.set(xlabel="round", ylabel="test accuracy", title="curves (every seed; dashed: Dirichlet)")
     b.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(common.RESULTS / f"{name}.png", dpi=110)

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -m "not slow" "$@"
+# two workers (CI has 2 cores); the Flower tests share one (tests/test_flower.py's xdist_group)
+.venv/bin/python -m pytest -m "not slow" -n 2 --dist loadgroup "$@"

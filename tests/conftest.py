@@ -5,7 +5,8 @@ import torch
 import torch.nn as nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(2)
+# Under pytest-xdist (scripts/test.sh runs 2 workers on CI's 2 cores) each worker takes one core's thread.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 from lightfed import assets, config, tasks  # noqa: E402
 

@@ -27,6 +27,8 @@ from lightfed.engine.flower import client as FC, config as FK, faults as FF, rec
 
 ROOT = Path(__file__).resolve().parents[1]
 quiet = lambda *a: None  # noqa: E731
+# one xdist worker runs every test here, one after another: each starts its own Ray cluster and Flower processes
+pytestmark = pytest.mark.xdist_group("flower")
 
 
 @contextlib.contextmanager

@@ -81,7 +81,7 @@ def chunked(q, k, v, beta, S=None, chunk: int = 64, g=None):
         eye = torch.eye(C, dtype=K.dtype, device=K.device)
         KK, QK = K @ K.transpose(-1, -2), Q @ K.transpose(-1, -2).unsqueeze(2)      # (B, H, C, C), (B, H, g, C, C)
         if g is None:
-            gam, gam_end, Gam = None, None, None
+            gam = None                                                              # the plain rule
         else:
             G = g[:, :, s:s + chunk].cumsum(-1)                                     # (B, H, C)
             low = torch.tril(torch.ones(C, C, dtype=torch.bool, device=K.device))

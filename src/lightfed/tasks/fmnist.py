@@ -13,6 +13,7 @@ images): the set on which a benchmark chooses its settings, never the official t
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 
@@ -108,10 +109,11 @@ def pretrained_base(arch: str, epochs: int, seed: int = 0) -> dict[str, torch.Te
     print(f"lightfed: fmnist {arch} base: held-out accuracy {report['heldout_accuracy']} on {report['heldout_images']} "
           f"images, {report['seconds'] / 60:.1f} min", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")        # one per process: two may build the same base at once
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(path.with_suffix(".json"))
     save_file(state, tmp)
     tmp.replace(path)
-    path.with_suffix(".json").write_text(json.dumps(report, indent=1))
     return state
 
 
