@@ -157,6 +157,33 @@ def weight_moves(c: dict) -> dict | None:
     return {"min": r[0], "median": r[len(r) // 2], "max": r[-1]}
 
 
+def int4_internals(c: dict) -> dict | None:
+    """Where full-weight int4 FedAvg's accuracy goes: the test accuracy per class of the model the clients receive
+    at round 0 (the int4-decoded base) and after the last round, and the share of the body's int4 codes that differ
+    between the two (from the run's last checkpoint; None for other rows or an unfinished run)."""
+    import numpy as np
+    from lightfed import config as C
+    from lightfed.data.tensors import subset
+    from lightfed.engine import local, protocol as P
+    if c["method"] != "fedavg" or (c.get("method_options") or {}).get("codec") != "int4" \
+            or not (Path(c["out"]) / "ckpt" / "latest.json").exists():
+        return None
+    cfg = C.from_dict({**c, "dtype": "fp32"})
+    S = local.build(cfg)
+    rnd, last, _, _ = local.load_checkpoint(Path(c["out"]))
+    labels = S.task.test["labels"].numpy()
+    out, codes = {}, {}
+    for name, state, r in (("round 0", S.method.init_state(S.model), 0), ("final", last, rnd)):
+        got = P.received(S.method, state, r, cfg.max_message_bytes)
+        S.method.load(S.model, got)
+        codes[name] = {k: v.detach().float().clone() for k, v in got.items() if not k.startswith("head")}
+        out[name] = {int(k): S.task.evaluate(S.model, subset(S.task.test, np.flatnonzero(labels == k)))
+                     for k in sorted(set(labels.tolist()))}
+    same = sum(int((codes["round 0"][k] == codes["final"][k]).sum()) for k in codes["final"])
+    total = sum(v.numel() for v in codes["final"].values())
+    return {"per_class": out, "codes_changed": 1 - same / total}
+
+
 def summarize(g, sums) -> dict:
     rows: dict[str, dict] = {}
     for (label, c), s in zip(g, sums):
@@ -171,6 +198,8 @@ def summarize(g, sums) -> dict:
         r["seeds"].append(c["seed"])
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
         r["weight_moves"].append(weight_moves(c))
+        if key == "fedavg_int4":
+            r.setdefault("int4_internals", []).append(int4_internals(c))
         r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=run_lr(c),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])

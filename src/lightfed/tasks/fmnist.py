@@ -26,6 +26,7 @@ from lightfed.config import ConfigError
 from lightfed.data import datasets
 from lightfed.models import vision
 from lightfed.models.backbones import seeded
+from lightfed.seeds import derive
 from lightfed.tasks.base import Task, accuracy, eval_mode
 
 ARCHS = {   # arch -> (full-size constructor kwargs, tiny twin's, input side, default pretraining epochs)
@@ -134,7 +135,11 @@ def build(o: Options, seed: int) -> Task:
     side, epochs = ARCHS[o.arch][2], o.pretrain_epochs or ARCHS[o.arch][3]
     tr = 30000 + np.sort(rng.choice(30000, o.train_size, replace=False))
     with seeded(seed):
-        model = network(o.arch, o.tiny, 10)                   # fresh 10-way head
+        model = network(o.arch, o.tiny, 10)
+    # a fresh 10-way head from its own stream: drawn with the body's, at seed 0 its rows 0-4 were the pretraining's
+    # first 5-way head, the one the base's features grew to fit (94-99% on classes 0-4 before any training)
+    with seeded(derive(seed, 17)):
+        model.head.reset_parameters()
     if o.pretrained and not o.tiny:
         model.load_state_dict(pretrained_base(o.arch, epochs), strict=False)
     train = {"x": images(d["train_x"][tr], side), "labels": d["train_y"][tr]}
