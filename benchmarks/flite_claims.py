@@ -3,7 +3,7 @@ and sent; see benchmarks/results/flite_ablation.md) against full-weight FedAvg f
 Dirichlet(0.1); and, on one seed, the other payload methods for the Pareto of accuracy against bytes.
 
     python benchmarks/flite_claims.py                         # sentiment, fmnist, austen: 3 seeds each
-    python benchmarks/flite_claims.py --tasks sentiment       # one task
+    python benchmarks/flite_claims.py --tasks sentiment       # one task (it adds up with the file's other tasks)
     python benchmarks/flite_claims.py --baselines             # + VeRA, LoRA, top-k, PowerSGD, FedAvg int4, the
                                                               #   paper's FLITE map: one seed, sentiment IID
     python benchmarks/flite_claims.py --from-runs             # run nothing: report the runs that finished
@@ -241,6 +241,25 @@ def plots(res: dict, name: str) -> None:
     plt.close(fig)
 
 
+def merged(res: dict, path: Path, tasks: list[str], baselines: bool) -> dict:
+    """A run over some tasks adds up with the file's other tasks (and its pareto rows, without --baselines): their
+    rows, targets and settings are kept as they were, and the command says both."""
+    if set(tasks) == set(TASKS) or not path.exists():
+        return res
+    old = json.loads(path.read_text())
+    keep = lambda x: x["task"] not in tasks and (x["task"] != "pareto" or not baselines)  # noqa: E731
+    c, oc = res["config"], old["config"]
+    c["tasks"] = [t for t in oc["tasks"] if t not in tasks] + tasks
+    c["settings"] = {**{t: v for t, v in oc["settings"].items() if t not in tasks}, **c["settings"]}
+    c["baselines"] = c["baselines"] or oc.get("baselines", [])
+    res["meta"]["command"] = f"{old['meta']['command']} ({old['meta']['date']}); then {res['meta']['command']}"
+    at = {t: i for i, t in enumerate(dict.fromkeys([*oc["tasks"], *tasks, "pareto"]))}.get   # the file's order
+    res["rows"] = sorted([r for r in old["rows"] if keep(r)] + res["rows"], key=lambda r: at(r["task"]))
+    res["targets"] = sorted([x for x in old["targets"] if keep(x)] + res["targets"], key=lambda x: at(x["task"]))
+    c["tasks"] = sorted(c["tasks"], key=at)
+    return res
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="sentiment,fmnist,austen")
@@ -268,6 +287,7 @@ def main(argv=None) -> None:
                                     "runs": len(grid), "reused": reused, "from_runs": a.from_runs,
                                     "methods": METHODS, "baselines": BASELINES if a.baselines else []},
            "wall_s": time.time() - t0, **summarize(grid, summaries)}
+    res = merged(res, RESULTS / f"{name}.json", tasks, a.baselines)
     md = render(res)
     if res["rows"]:
         plots(res, name)

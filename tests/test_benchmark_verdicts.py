@@ -169,3 +169,27 @@ def test_an_interrupted_benchmark_run_resumes_only_with_its_own_config_and_code(
     assert "[bench] resume part" in capsys.readouterr().err
     assert resumed["history"] == full["history"] and resumed["final"] == full["final"]
     assert not common.resumable(c)                                       # finished: nothing left to resume
+
+
+def test_flite_claims_run_over_one_task_adds_up_with_the_files_other_tasks(tmp_path):
+    import json
+    from flite_claims import merged
+    row = lambda t, m, v: {"task": t, "partition": "iid", "method": m, "mean": v}                 # noqa: E731
+    tgt = lambda t, v: {"task": t, "partition": "iid", "target": "x", "measured": v, "verdict": "met"}  # noqa: E731
+    old = {"meta": {"command": "all", "date": "d0"},
+           "config": {"tasks": ["sentiment", "fmnist", "austen"], "settings": {t: {"t": t} for t in ("sentiment", "fmnist", "austen")},
+                      "baselines": [["VeRA"]]},
+           "rows": [row("sentiment", "FLITE", 1), row("fmnist", "FLITE", 2), row("austen", "FLITE", 3), row("pareto", "VeRA", 4)],
+           "targets": [tgt("sentiment", 1), tgt("fmnist", 2), tgt("austen", 3)]}
+    (tmp_path / "f.json").write_text(json.dumps(old))
+    new = {"meta": {"command": "fmnist only", "date": "d1"}, "config": {"tasks": ["fmnist"], "settings": {"fmnist": {"t": "new"}},
+                                                                        "baselines": []},
+           "rows": [row("fmnist", "FLITE", 20)], "targets": [tgt("fmnist", 20)]}
+    m = merged(new, tmp_path / "f.json", ["fmnist"], baselines=False)
+    assert [(r["task"], r["mean"]) for r in m["rows"]] == [("sentiment", 1), ("fmnist", 20), ("austen", 3), ("pareto", 4)]
+    assert [x["measured"] for x in m["targets"]] == [1, 20, 3]
+    assert m["config"]["tasks"] == ["sentiment", "fmnist", "austen"] and m["config"]["settings"]["fmnist"] == {"t": "new"}
+    assert m["meta"]["command"] == "all (d0); then fmnist only"
+    every = merged({**new, "config": {**new["config"], "tasks": ["sentiment", "fmnist", "austen"]}}, tmp_path / "f.json",
+                   ["sentiment", "fmnist", "austen"], baselines=False)
+    assert every["rows"] == new["rows"]                 # a run over every task replaces the file
