@@ -258,6 +258,12 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                     + (" (collapses to chance)" if np.mean(q) < CHANCE + 0.05 else "")
                     + (f" (round 0, the int4-decoded base: {np.mean(q0):.4f}; the accuracy does not move)"
                        if abs(np.mean(q) - np.mean(q0)) < 0.005 else "")))
+        for s, x in zip(rows["fedavg_int4|iid"]["seeds"], rows["fedavg_int4|iid"].get("int4_internals") or []):
+            if x:       # where the accuracy sits: per class, before and after; and how much of the model moved
+                pc = lambda d: " ".join(f"{v:.2f}" for _, v in sorted(d.items(), key=lambda kv: int(kv[0])))  # noqa: E731
+                out.append((f"int4 FedAvg's accuracy per class 0-9, seed {s}",
+                            f"round 0: {pc(x['per_class']['round 0'])}; final: {pc(x['per_class']['final'])}; "
+                            f"{100 * x['codes_changed']:.1f}% of the body's int4 codes moved"))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
