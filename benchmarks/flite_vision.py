@@ -325,7 +325,7 @@ def plot(res: dict, name: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     label = {k: lab for k, lab, *_ in ROWS}
-    color = {k: f"C{i % 10}" for i, (k, *_) in enumerate(ROWS)}   # one colour per row in both panels
+    color = {k: f"C{i}" if i < 10 else "black" for i, (k, *_) in enumerate(ROWS)}   # one per row, both panels
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
     for k, r in res["rows"].items():
         if not r["finals"] or r["partition"] != "iid":
