@@ -27,14 +27,17 @@ def _nbytes(ts) -> int:
 def count_saved_activations(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[torch.Tensor, int]:
     """Run fn() (a forward) and count the unique storages autograd saves, except `exclude` (params).
     The storages are held until the count is taken: one freed mid-forward (a discarded branch's) cannot hand its
-    address to a later one and be counted once for two, so the count does not depend on the allocator's history."""
+    address to a later one and be counted once for two, so the count does not depend on the allocator's history.
+    What the graph keeps is the tensor detached (the same storage and version counter): the tensor itself would tie
+    its graph into a reference cycle that outlives the step (FedNL's memory forward kept ~1.8 GB per client round
+    of SmolLM2-135M that way, until the process ran out of memory)."""
     seen: dict[int, torch.UntypedStorage] = {}
 
     def pack(t):
         s = t.untyped_storage()
         if s.data_ptr() not in exclude:
             seen.setdefault(s.data_ptr(), s)
-        return t
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
