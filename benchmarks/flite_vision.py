@@ -281,6 +281,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     return out
 
 
+def x_fewer(fa, up) -> str:
+    return f"{fa / up:,.0f}" if fa else "-"          # "-": FedAvg has no finished run yet
+
+
 def render(res: dict) -> str:
     c = res["config"]
     L = [f"# FLITE at paper scale in vision (GN ResNet-18, {res['base'].get('params', 0):,} weights)\n",
@@ -303,7 +307,7 @@ def render(res: dict) -> str:
         m, sd, n = ms(r["finals"])
         L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
                  f"{', '.join(map(str, r['seeds']))} | "
-                 f"{r['up']:,.0f} | {(fa / r['up']) if fa else float('nan'):,.0f} | {'-' if r['lr'] is None else lr_name(r['lr'])} |")
+                 f"{r['up']:,.0f} | {x_fewer(fa, r['up'])} | {'-' if r['lr'] is None else lr_name(r['lr'])} |")
     moves = [(label[r["key"]], r["partition"], r["seeds"], r["weight_moves"]) for r in res["rows"].values()
              if any(r.get("weight_moves") or [])]
     if moves:
@@ -409,7 +413,11 @@ def main(argv=None):
     from lightfed.tasks import fmnist
     seeds = [int(s) for s in a.seeds.split(",")]
     lrs = chosen_lrs(a.quick)
-    g = grid(seeds, a.quick, lrs, set(a.rows.split(",")) if a.rows else None)
+    keys = set(a.rows.split(",")) if a.rows else {k for k, *_ in ROWS}
+    uncal = {k for k in keys if LR_OF[k] and LR_OF[k] not in lrs}      # their kind's sweep has no finished run yet
+    if uncal and not a.from_runs:
+        raise SystemExit(f"no calibrated lr for {sorted(uncal)}: run --calibrate --kinds {','.join(sorted({LR_OF[k] for k in uncal}))}")
+    g = grid(seeds, a.quick, lrs, keys - uncal)
     t0 = time.time()
     reused = sum(common.finished(label, c) is not None for label, c in g)
     # run the first seed's IID runs first, so a grid stopped early holds the comparisons that matter most
@@ -418,6 +426,11 @@ def main(argv=None):
     for i, s in zip(order, reuse_or_run([g[i] for i in order], a.workers, a.from_runs)):
         sums[i] = s
     rows = summarize(g, sums)
+    for key, _, _, _, _, parts, _ in ROWS:
+        for part in parts if key in uncal else []:
+            rows[f"{key}|{part}"] = {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [], "curves": [],
+                                     "weight_moves": [], "errors": ["not run: its lr is not calibrated yet"]}
+    rows = {f"{k}|{p}": rows[f"{k}|{p}"] for k, *_, parts, _ in ROWS for p in parts if f"{k}|{p}" in rows}   # ROWS' order
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
     bb = sum(p.numel() * 4 for n, p in vision.GNResNet18(10).named_parameters() if not n.startswith("head."))
