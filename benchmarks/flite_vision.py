@@ -11,7 +11,8 @@ local steps of 32, the lr decayed over the rounds (cosine), IID and Dirichlet(0.
 every row alike. FLITE in the paper's form: r = 8 matrix latents on each of the 20 convolutions (20 x 64 = 1,280),
 the frozen orthogonal head, int4 or fp32 latents, or a trained head (fp32, at its own lr: head_lr); against
 full-weight FedAvg (fp32, int4), FedAvg+LoRA (PEFT's conv LoRA, r = 8 on every block's conv1 / conv2, head
-trained), top-k 1% and PowerSGD rank 4 (error feedback); and, for reference, what the base's frozen features allow: the probe (a closed-form head from one round of class statistics).
+trained), top-k 1% and PowerSGD rank 4 (error feedback); and, for reference, what the base's frozen features allow:
+the probe (a closed-form head from one round of class statistics).
 Every lr is chosen on validation images (300 training images the run never trains on: task option validation),
 never on the test set (--calibrate; results flite_vision_calibrate.*).
 """
@@ -64,8 +65,8 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
 # FLITE's best lrs under the frozen head drive the generated convolutions to 35x (lr 3) and 115x (lr 10) the
 # pretrained weights (||dW|| / ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained
-# head, z and the head are swept together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was begun; its head lr 1e-2 diverged
-# (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3);
+# head, z and the head are swept together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was
+# begun; its head lr 1e-2 diverged (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3);
 # then z grew past 1e-2 and past 1e-1, each time on top (0.3 is bracketed: 1.0 scores lower).
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
          "flite_head": [(1e-3, 1e-3), (1e-3, 1e-2), (1e-4, 1e-3), (1e-2, 1e-3), (1e-3, 1e-4),
@@ -184,12 +185,16 @@ def int4_internals(c: dict) -> dict | None:
     return {"per_class": out, "codes_changed": 1 - same / total}
 
 
+def empty_row(key: str, part: str, errors=()) -> dict:
+    return {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [], "errors": list(errors),
+            "curves": [], "weight_moves": []}
+
+
 def summarize(g, sums) -> dict:
     rows: dict[str, dict] = {}
     for (label, c), s in zip(g, sums):
         key, part, _ = label.split("|")
-        r = rows.setdefault(f"{key}|{part}", {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [],
-                                              "errors": [], "curves": [], "weight_moves": []})
+        r = rows.setdefault(f"{key}|{part}", empty_row(key, part))
         if "error" in s:
             r["errors"].append(s["error"])
             continue
@@ -258,9 +263,9 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                     + (" (collapses to chance)" if np.mean(q) < CHANCE + 0.05 else "")
                     + (f" (round 0, the int4-decoded base: {np.mean(q0):.4f}; the accuracy does not move)"
                        if abs(np.mean(q) - np.mean(q0)) < 0.005 else "")))
+        pc = lambda d: " ".join(f"{v:.2f}" for _, v in sorted(d.items(), key=lambda kv: int(kv[0])))  # noqa: E731
         for s, x in zip(rows["fedavg_int4|iid"]["seeds"], rows["fedavg_int4|iid"].get("int4_internals") or []):
             if x:       # where the accuracy sits: per class, before and after; and how much of the model moved
-                pc = lambda d: " ".join(f"{v:.2f}" for _, v in sorted(d.items(), key=lambda kv: int(kv[0])))  # noqa: E731
                 out.append((f"int4 FedAvg's accuracy per class 0-9, seed {s}",
                             f"round 0: {pc(x['per_class']['round 0'])}; final: {pc(x['per_class']['final'])}; "
                             f"{100 * x['codes_changed']:.1f}% of the body's int4 codes moved"))
@@ -416,7 +421,8 @@ def main(argv=None):
     keys = set(a.rows.split(",")) if a.rows else {k for k, *_ in ROWS}
     uncal = {k for k in keys if LR_OF[k] and LR_OF[k] not in lrs}      # their kind's sweep has no finished run yet
     if uncal and not a.from_runs:
-        raise SystemExit(f"no calibrated lr for {sorted(uncal)}: run --calibrate --kinds {','.join(sorted({LR_OF[k] for k in uncal}))}")
+        kinds = ",".join(sorted({LR_OF[k] for k in uncal}))
+        raise SystemExit(f"no calibrated lr for {sorted(uncal)}: run --calibrate --kinds {kinds}")
     g = grid(seeds, a.quick, lrs, keys - uncal)
     t0 = time.time()
     reused = sum(common.finished(label, c) is not None for label, c in g)
@@ -428,8 +434,7 @@ def main(argv=None):
     rows = summarize(g, sums)
     for key, _, _, _, _, parts, _ in ROWS:
         for part in parts if key in uncal else []:
-            rows[f"{key}|{part}"] = {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [], "curves": [],
-                                     "weight_moves": [], "errors": ["not run: its lr is not calibrated yet"]}
+            rows[f"{key}|{part}"] = empty_row(key, part, ["not run: its lr is not calibrated yet"])
     rows = {f"{k}|{p}": rows[f"{k}|{p}"] for k, *_, parts, _ in ROWS for p in parts if f"{k}|{p}" in rows}   # ROWS' order
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
