@@ -15,6 +15,7 @@ import json
 import math
 import multiprocessing as mp
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ def mark_start(cfg_dict: dict) -> None:
     """Record the config and code a run begins with (<out>/bench_start.json)."""
     out = Path(cfg_dict["out"])
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "ckpt", ignore_errors=True)     # another run's: resumable() would take it for this one's
     (out / "bench_start.json").write_text(json.dumps({"config": cfg_dict, "code": code()}))
 
 

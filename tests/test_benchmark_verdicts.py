@@ -169,6 +169,10 @@ def test_an_interrupted_benchmark_run_resumes_only_with_its_own_config_and_code(
     assert "[bench] resume part" in capsys.readouterr().err
     assert resumed["history"] == full["history"] and resumed["final"] == full["final"]
     assert not common.resumable(c)                                       # finished: nothing left to resume
+    local.run(C.from_dict({**c, "out": str(tmp_path / "old")}), stop_after=1, log=lambda *a: None)
+    other = {**c, "out": str(tmp_path / "old"), "lr": 2e-3}              # a new config where a checkpoint lies
+    common.mark_start(other)                                             # killed before its first checkpoint
+    assert not common.resumable(other)
 
 
 def test_flite_claims_run_over_one_task_adds_up_with_the_files_other_tasks(tmp_path):

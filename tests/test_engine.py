@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TINY, tiny_config, tiny_task
+from lightfed import config as C
 from lightfed import methods
 from lightfed.cli import main
 from lightfed.engine import local
@@ -82,6 +83,20 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     rounds = [json.loads(l)["round"] for l in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [0, 1, 2, 3]
+
+
+def test_a_fresh_run_in_an_old_runs_folder_leaves_no_checkpoint_of_it_to_resume(tmp_path):
+    """A new run started where an interrupted one left its checkpoint, then killed before its own first round:
+    a resume must not take the old checkpoint under the new config (it did, until the fresh start removed it)."""
+    out = tmp_path / "run"
+    local.run(tiny_config("sentiment", "fedavg", tmp_path / "done", rounds=2), log=lambda *a: None)
+    local.run(tiny_config("sentiment", "fedavg", out, rounds=3), stop_after=2, log=lambda *a: None)
+    assert (out / "ckpt" / "latest.json").is_file()
+    for old in (out, tmp_path / "done"):        # killed after its round 0
+        local.begin(tiny_config("sentiment", "lora", old, rounds=3), False, lambda *a: None)
+        assert not (old / "ckpt").exists() and not (old / "summary.json").exists()
+    with pytest.raises(C.ConfigError, match="no config.json"):
+        local.run(resume=out, log=lambda *a: None)
 
 
 def test_a_kill_between_the_checkpoint_and_the_metrics_line_loses_no_round(tmp_path):

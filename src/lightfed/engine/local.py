@@ -254,6 +254,9 @@ def begin(cfg: C.RunConfig, resume: bool, log, engine: str = ""):
     cfg.out = str(out)
     S = build(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    if not resume:          # an earlier run's checkpoint there would be resumed under this run's config
+        shutil.rmtree(out / "ckpt", ignore_errors=True)
+        (out / "summary.json").unlink(missing_ok=True)
     C.save(cfg, out / "config.json")
     (out / "setup.json").write_text(json.dumps({**S.info, **({"engine": engine} if engine else {})}, indent=1))
     if resume:
