@@ -185,6 +185,31 @@ def int4_internals(c: dict) -> dict | None:
     return {"per_class": out, "codes_changed": 1 - same / total}
 
 
+def int4_roundtrip(c: dict) -> dict | None:
+    """What int4 costs the fp32-latent run's final model alone: its test accuracy with the final global z as it is
+    and after one int4 round trip (one scale over z, round to nearest, as the wire does it), the round trip's relative
+    error and the share of latents it sends to 0 (None for other rows or an unfinished run)."""
+    from safetensors.torch import load_file
+    from lightfed import config as C
+    from lightfed.engine import local
+    from lightfed.wire.quantize import dequantize, quantize
+    ck = Path(c["out"]) / "ckpt"
+    if c["method"] != "flite" or (c.get("method_options") or {}).get("codec") != "fp32" \
+            or (c.get("method_options") or {}).get("head") == "trainable" or not (ck / "latest.json").exists():
+        return None
+    z = load_file(ck / json.loads((ck / "latest.json").read_text())["dir"] / "state.safetensors")["z"].float()
+    payload, scale = quantize(z, "int4")
+    zq = dequantize(payload, "int4", scale, z.numel()).view(z.shape)
+    cfg = C.from_dict(c)                # the run's own dtype: the fp32 accuracy is the run's final one
+    S = local.build(cfg)
+    acc = {}
+    for name, v in (("fp32", z), ("int4", zq)):
+        S.method.load(S.model, {"z": v})
+        acc[name] = local.evaluate(S.task, S.model, cfg)[S.task.metric]
+    return {"accuracy": acc, "rel_error": float((zq - z).norm() / z.norm()), "zeroed": float((zq == 0).float().mean()),
+            "median_abs_z": float(z.abs().median())}
+
+
 def empty_row(key: str, part: str, errors=()) -> dict:
     return {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [], "errors": list(errors),
             "curves": [], "weight_moves": []}
@@ -205,6 +230,8 @@ def summarize(g, sums) -> dict:
         r["weight_moves"].append(weight_moves(c))
         if key == "fedavg_int4":
             r.setdefault("int4_internals", []).append(int4_internals(c))
+        if key == "flite_fp32":
+            r.setdefault("int4_roundtrip", []).append(int4_roundtrip(c))
         r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=run_lr(c),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])
@@ -256,6 +283,12 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         else:
             word = "inconclusive (the seeds' ranges do not settle it)"
         out.append(("int4 latents within 0.5 pp of fp32 latents", f"{word} (int4 - fp32 = {gap('flite', 'flite_fp32')})"))
+        for s, x in zip(rows["flite_fp32|iid"]["seeds"], rows["flite_fp32|iid"].get("int4_roundtrip") or []):
+            if x:       # is the loss the rounding of the final model, or int4's effect on training?
+                out.append((f"the fp32-latent run's final z through one int4 round trip, seed {s}",
+                            f"{x['accuracy']['fp32']:.4f} -> {x['accuracy']['int4']:.4f} (relative error "
+                            f"{x['rel_error']:.3f}, {100 * x['zeroed']:.0f}% of the latents sent to 0; median |z| "
+                            f"{x['median_abs_z']:.1f})"))
     q = f("fedavg_int4")
     if q:
         q0 = rows["fedavg_int4|iid"]["initials"]

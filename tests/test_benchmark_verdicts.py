@@ -197,3 +197,26 @@ def test_flite_claims_run_over_one_task_adds_up_with_the_files_other_tasks(tmp_p
     every = merged({**new, "config": {**new["config"], "tasks": ["sentiment", "fmnist", "austen"]}}, tmp_path / "f.json",
                    ["sentiment", "fmnist", "austen"], baselines=False)
     assert every["rows"] == new["rows"]                 # a run over every task replaces the file
+
+
+def test_flite_vision_rounds_the_fp32_runs_final_z_to_int4_as_the_wire_does(tmp_path):
+    """int4_roundtrip scores the fp32-latent run's own final model (its accuracy equals the run's final one), then
+    the same z after one int4 round trip; other rows get None."""
+    import numpy as np
+    from conftest import tiny_config
+    from flite_vision import claims, int4_roundtrip
+    from lightfed import config as C
+    from lightfed.engine import local
+    c = tiny_config("fmnist", "flite", tmp_path / "f32", lr=0.3, eval_every=2,
+                    method_options={"r": 2, "head": "orthogonal", "codec": "fp32"}).to_dict()
+    s = local.run(C.from_dict(c), log=lambda *a: None)
+    x = int4_roundtrip(c)
+    assert x["accuracy"]["fp32"] == s["final"]
+    assert 0 < x["rel_error"] < 0.3 and 0 <= x["zeroed"] < 1 and x["median_abs_z"] > 0
+    assert int4_roundtrip({**c, "method_options": {**c["method_options"], "codec": "int4"}}) is None
+    assert int4_roundtrip({**c, "method": "fedavg", "method_options": {}}) is None
+    rows = {"flite|iid": {"finals": [0.5], "seeds": [0]},
+            "flite_fp32|iid": {"finals": [s["final"]], "seeds": [0], "int4_roundtrip": [x]}}
+    lines = dict(claims(rows, 10 ** 6))
+    got = lines["the fp32-latent run's final z through one int4 round trip, seed 0"]
+    assert got.startswith(f"{s['final']:.4f} -> {x['accuracy']['int4']:.4f}") and np.isfinite(x["accuracy"]["int4"])
