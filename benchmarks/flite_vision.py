@@ -60,15 +60,15 @@ LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_head": "flite_head", "f
 PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a latent and weights want steps far apart
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
 # (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
-# FLITE's sweep grew upward twice, each time because its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
+# FLITE's sweep grew upward each time its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
 # 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3), then 10 (3 on top by one
-# image of 300); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
+# image of 300), then 30 (10 on top by 13 images); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
 # FLITE's best lrs under the frozen head drive the generated convolutions to 35x (lr 3) and 115x (lr 10) the
 # pretrained weights (||dW|| / ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained
 # head, z and the head are swept together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was
 # begun; its head lr 1e-2 diverged (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3);
 # then z grew past 1e-2 and past 1e-1, each time on top (0.3 is bracketed: 1.0 scores lower).
-SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
+SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [1e-4, 3e-4, 1e-3, 3e-3],
          "flite_head": [(1e-3, 1e-3), (1e-3, 1e-2), (1e-4, 1e-3), (1e-2, 1e-3), (1e-3, 1e-4),
                         (3e-2, 1e-3), (1e-1, 1e-3), (3e-1, 1e-3), (1.0, 1e-3)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
