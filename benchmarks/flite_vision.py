@@ -189,15 +189,14 @@ def int4_roundtrip(c: dict) -> dict | None:
     """What int4 costs the fp32-latent run's final model alone: its test accuracy with the final global z as it is
     and after one int4 round trip (one scale over z, round to nearest, as the wire does it), the round trip's relative
     error and the share of latents it sends to 0 (None for other rows or an unfinished run)."""
-    from safetensors.torch import load_file
     from lightfed import config as C
     from lightfed.engine import local
     from lightfed.wire.quantize import dequantize, quantize
-    ck = Path(c["out"]) / "ckpt"
-    if c["method"] != "flite" or (c.get("method_options") or {}).get("codec") != "fp32" \
-            or (c.get("method_options") or {}).get("head") == "trainable" or not (ck / "latest.json").exists():
+    mo = c.get("method_options") or {}
+    if c["method"] != "flite" or mo.get("codec") != "fp32" or mo.get("head") == "trainable" \
+            or not (Path(c["out"]) / "ckpt" / "latest.json").exists():
         return None
-    z = load_file(ck / json.loads((ck / "latest.json").read_text())["dir"] / "state.safetensors")["z"].float()
+    z = local.load_checkpoint(Path(c["out"]))[1]["z"].float()
     payload, scale = quantize(z, "int4")
     zq = dequantize(payload, "int4", scale, z.numel()).view(z.shape)
     cfg = C.from_dict(c)                # the run's own dtype: the fp32 accuracy is the run's final one
