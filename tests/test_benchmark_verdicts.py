@@ -220,3 +220,28 @@ def test_flite_vision_rounds_the_fp32_runs_final_z_to_int4_as_the_wire_does(tmp_
     lines = dict(claims(rows, 10 ** 6))
     got = lines["the fp32-latent run's final z through one int4 round trip, seed 0"]
     assert got.startswith(f"{s['final']:.4f} -> {x['accuracy']['int4']:.4f}") and np.isfinite(x["accuracy"]["int4"])
+
+
+def test_flite_vision_carries_seeds_whose_runs_left_the_disk_from_the_previous_results():
+    """A seed not on disk keeps its committed values (same row, seed and lr), in seed order beside the seeds that
+    ran; a seed recorded under another lr, or an unknown one, stays not run; the carried run's code is named."""
+    from flite_vision import BASE, TASK, carry, empty_row
+    g = [(f"fedavg|iid|s{s}", {"seed": s, "lr": 1e-4, "method_options": {}}) for s in (0, 1, 2)] + \
+        [("topk|iid|s0", {"seed": 0, "lr": 3e-4, "method_options": {}})]
+    missing = {"error": "not run: the grid was stopped before it"}
+    sums = [missing, {"final": 0.9}, missing, missing]
+    rows = {"fedavg|iid": {**empty_row("fedavg", "iid", [missing["error"]] * 2), "finals": [0.9], "initials": [0.1],
+                           "seeds": [1], "curves": [[[0, 0.1]]], "weight_moves": [None], "up": 10.0, "lr": 1e-4},
+            "topk|iid": empty_row("topk", "iid", [missing["error"]])}
+    old = {"config": {"base": BASE, "task": TASK}, "meta": {"code": "new", "stale_runs_reused": {"fedavg|iid|s2": "old"}},
+           "rows": {"fedavg|iid": {"seeds": [2, 0], "finals": [0.7, 0.8], "initials": [0.2, 0.3], "curves": [[], []],
+                                   "weight_moves": [None, None], "lr": 1e-4, "up": 99.0},
+                    "topk|iid": {"seeds": [0], "finals": [0.5], "initials": [0.1], "curves": [[]], "weight_moves": [None],
+                                 "lr": 1e-4}}}
+    done = carry(rows, g, sums, old)
+    assert done == {"fedavg|iid|s0": "new", "fedavg|iid|s2": "old"}
+    r = rows["fedavg|iid"]
+    assert r["seeds"] == [0, 1, 2] and r["finals"] == [0.8, 0.9, 0.7] and r["initials"] == [0.3, 0.1, 0.2]
+    assert r["errors"] == [] and r["up"] == 10.0            # the run on disk speaks for the row
+    assert rows["topk|iid"]["finals"] == [] and rows["topk|iid"]["errors"] == [missing["error"]]   # another lr
+    assert carry(rows, g, sums, {**old, "config": {"base": {**BASE, "rounds": 1}, "task": TASK}}) == {}   # another setting
