@@ -328,3 +328,30 @@ def test_the_engine_s_mean_of_latents_is_fedavg_of_the_generated_weights(tmp_pat
     each = [latent.materialize(model, f["z"].double(), torch.float64) for f in got]
     new = latent.materialize(model, state["z"].double(), torch.float64)
     assert new and all(torch.allclose(new[k], sum(wk * e[k] for wk, e in zip(w, each)), atol=1e-6) for k in new)
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_int4_keeps_a_round_s_small_move_only_when_the_move_is_uploaded(delta):
+    """|z| large (ResNet-18: ~50) and a round's move small: the absolute int4 upload rounds the trained z back to
+    the broadcast's codes and the server's z stays put; uploading z_k - z^t (delta) keeps the move, and the server
+    adds it to its own fp32 z."""
+    T, cfg, m, model = flite(codec="int4", delta=delta)
+    state = m.init_state(model)
+    state["z"] = torch.randn(model.z.shape, generator=torch.Generator().manual_seed(0)) * 50
+    down = decode(P.broadcast(m, state, 1), m.down_schema(), kind="flite/down", max_bytes=10**6)
+    data, ctx = subset(T.train, range(16)), ClientContext(0, 1, 123, cfg, T.loss, {})
+    fields, _ = m.client_update(model, down, data, ctx)
+    move = model.z.detach() - down["z"]                              # what the client's training did
+    assert 0 < move.abs().max() < state["z"].abs().max() / 14       # under half an int4 step of z
+    up, _ = P.client_round(m, model, P.broadcast(m, state, 1), data, ctx, cfg.max_message_bytes)
+    got = decode(up, P.up_schema(m), kind="flite/up", max_bytes=10**6)
+    n = float(got.pop(P.EXAMPLES))
+    new = m.aggregate(state, [(got, n), (got, n)], 1)["z"]
+    if delta:
+        assert torch.allclose(fields["z"], move)
+        assert (new - state["z"] - move).norm() / move.norm() < 0.2       # int4's error on the move itself
+    else:
+        def codes(x):
+            return torch.round(x / (x.abs().max() / 7))
+        assert torch.equal(codes(got["z"]), codes(down["z"]))            # the trained z rounds back to its codes
+        assert torch.equal(codes(new), codes(down["z"]))                  # and the server's z with it: no move

@@ -23,6 +23,9 @@ Wire: field "z" (+ head fields), `codec` both ways. `stochastic`: int8/int4 valu
 stochastically before the wire sees them (client: its own generator; server: a generator seeded
 by (factor seed, round)); the values then lie on the wire's grid, whose round-to-nearest keeps
 them (the scale is recomputed from them, exact up to one float32 ulp), so the mean is unbiased.
+`delta`: clients upload z_k - z^t instead of z_k. With absolute int4 latents and one scale per message, a round's
+move smaller than half a grid step (max|z| / 14) rounds back to the code it started from; the move's own scale keeps
+it (GN ResNet-18: |z| ~ 50 at FLITE's lr, benchmarks/results/flite_vision.md).
 Recommended lr (`FLITE.lr`, what a run that sets no lr uses): latents want a far larger step than full
 fine-tuning. 1e-2, from a centralised check (real MiniLM sentiment, 640 train / 200 test, 60 AdamW steps of
 16, one seed; accuracy at z = 0: 0.56 with the orthogonal head):
@@ -90,6 +93,8 @@ class Options(fedavg.Options, LatentOptions):
     codec: str = "int4"             # 4 bits a latent on the wire, both ways
     stochastic: bool = False        # stochastic rounding for int8/int4
     head_lr: float = 0.0            # head = trainable: the head's own lr (0: the run's lr, one group with z)
+    delta: bool = False             # upload z_k - z^t (the round's move) instead of z_k; the server adds the mean
+                                    # move to its fp32 z (lightfed's; the paper sends z)
 
     def check(self):
         super().check()
@@ -163,4 +168,11 @@ class FLITE(fedavg.FedAvg):
 
     def client_update(self, model, down, data, ctx):   # FedAvg's local_train on z (at the run's lr), then rounding
         fields, stats = super().client_update(model, down, data, ctx)
+        if self.opts.delta:             # z_k - z^t: int4's one scale then spans the round's move, not |z| itself
+            fields = {**fields, "z": fields["z"] - down["z"]}
         return self._round(fields, ctx.generator(1)), stats
+
+    def aggregate(self, state, updates, rnd):
+        if self.opts.delta:             # z^{t+1} = z^t + sum_k n_k (z_k - z^t) / n, on the server's fp32 z
+            updates = [({**f, "z": state["z"] + f["z"]}, n) for f, n in updates]
+        return super().aggregate(state, updates, rnd)
