@@ -355,3 +355,22 @@ def test_int4_keeps_a_round_s_small_move_only_when_the_move_is_uploaded(delta):
             return torch.round(x / (x.abs().max() / 7))
         assert torch.equal(codes(got["z"]), codes(down["z"]))            # the trained z rounds back to its codes
         assert torch.equal(codes(new), codes(down["z"]))                  # and the server's z with it: no move
+
+
+def test_differential_privacy_clips_the_same_move_whether_z_or_its_move_is_uploaded():
+    """privacy.py clips an upload's change from what the client received; FLITE's delta upload is that change
+    already, so both uploads report the same norm and, clipped, carry the same server z."""
+    got = {}
+    for delta in (False, True):
+        T, cfg, m, model = flite(codec="fp32", delta=delta)
+        cfg = cfg.__class__(**{**cfg.to_dict(), "dp_clip": 1e-3})           # far under the move: it clips
+        state = m.init_state(model)
+        state["z"] = torch.randn(model.z.shape, generator=torch.Generator().manual_seed(0))
+        ctx = ClientContext(0, 1, 123, cfg, T.loss, {})
+        up, stats = P.client_round(m, model, P.broadcast(m, state, 1), subset(T.train, range(16)), ctx, cfg.max_message_bytes)
+        fields = decode(up, P.up_schema(m), kind="flite/up", max_bytes=10**6)
+        n = float(fields.pop(P.EXAMPLES))
+        got[delta] = stats["dp_norm"], stats["dp_clipped"], m.aggregate(state, [(fields, n)], 1)["z"]
+        assert (got[delta][2] - state["z"]).norm() <= 1e-3 * 1.01       # clipped to C (fp32 z of norm ~30)
+    assert got[True][0] == pytest.approx(got[False][0], rel=1e-6) and got[True][1] and got[False][1]
+    assert torch.allclose(got[True][2], got[False][2], atol=1e-6)

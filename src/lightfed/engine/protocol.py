@@ -57,7 +57,7 @@ def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data
         with device.using(ctx.cfg.device, ctx.cfg.dtype):
             update, stats = method.client_update(model, fields, data, ctx)
         if ctx.cfg.dp_clip > 0 and method.dp == "delta":      # ("scalars": clipped + noised per step by the method)
-            update, dp_stats = privacy.privatize(update, fields, ctx.cfg, ctx.seed)
+            update, dp_stats = privacy.privatize(update, method.dp_reference(fields), ctx.cfg, ctx.seed)
             stats = {**stats, **dp_stats}
         return encode({**update, EXAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
     except BaseException:

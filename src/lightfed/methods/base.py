@@ -85,6 +85,11 @@ class Method:
     def init_state(self, model: nn.Module) -> State:
         return {n: p.detach().cpu().clone() for n, p in self.trainable(model).items()}   # the server's state: CPU
 
+    def dp_reference(self, received: State) -> State:
+        """What privacy.py measures a dense upload's change from: what the client received (an upload that is
+        already a change, e.g. FLITE's delta, is measured from zero)."""
+        return received
+
     @torch.no_grad()
     def load(self, model: nn.Module, state: State) -> None:
         for n, p in self.trainable(model).items():

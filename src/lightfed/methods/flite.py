@@ -172,6 +172,9 @@ class FLITE(fedavg.FedAvg):
             fields = {**fields, "z": fields["z"] - down["z"]}
         return self._round(fields, ctx.generator(1)), stats
 
+    def dp_reference(self, received):   # delta: the upload is already the change
+        return {**received, "z": torch.zeros_like(received["z"])} if self.opts.delta else received
+
     def aggregate(self, state, updates, rnd):
         if self.opts.delta:             # z^{t+1} = z^t + sum_k n_k (z_k - z^t) / n, on the server's fp32 z
             updates = [({**f, "z": state["z"] + f["z"]}, n) for f, n in updates]
