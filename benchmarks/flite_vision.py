@@ -39,7 +39,8 @@ BASE = {"task": "fmnist", "clients": 10, "fraction": 0.5, "rounds": 20, "local_s
         "eval_every": 5, "dtype": "bf16", "progress": False}
 QUICK = {"rounds": 2, "local_steps": 2, "eval_every": 2, "task_options": {"tiny": True, "train_size": 200, "test_size": 100}}
 PAPER = {"r": 8, "head": "orthogonal", "codec": "int4"}            # 20 convolutions x 8^2 = 1,280 latents
-# (key, label, method, method options, task options, partitions, seeds: "claim" = 3, "pareto" = the first)
+# (key, label, method, method options, task options, partitions, seeds: "claim" = 3, "pareto" = the first; the Pareto
+# plot's compressors and LoRA run 3 seeds too, so their points carry a range)
 ROWS = [
     ("flite", "FLITE (1,280 int4 latents, frozen orthogonal head)", "flite", PAPER, {}, ["iid", "dirichlet:0.1"], "claim"),
     ("flite_fp32", "FLITE, fp32 latents", "flite", {**PAPER, "codec": "fp32"}, {}, ["iid"], "claim"),
@@ -54,9 +55,9 @@ ROWS = [
     ("flite_scratch", "FLITE from scratch (random ResNet-18)", "flite", PAPER, {"pretrained": False}, ["iid"], "claim"),
     ("fedavg", "FedAvg fp32", "fedavg", {}, {}, ["iid", "dirichlet:0.1"], "claim"),
     ("fedavg_int4", "FedAvg int4", "fedavg", {"codec": "int4"}, {}, ["iid"], "claim"),
-    ("lora", "FedAvg+LoRA (conv, r=8)", "lora", {}, {}, ["iid"], "pareto"),
-    ("topk", "top-k 1% (EF)", "topk", {"ratio": 0.01}, {}, ["iid"], "pareto"),
-    ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "pareto"),
+    ("lora", "FedAvg+LoRA (conv, r=8)", "lora", {}, {}, ["iid"], "claim"),
+    ("topk", "top-k 1% (EF)", "topk", {"ratio": 0.01}, {}, ["iid"], "claim"),
+    ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "claim"),
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
