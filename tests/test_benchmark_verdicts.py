@@ -151,6 +151,21 @@ def test_every_config_of_the_fednl_retrieval_grids_validates_and_the_unseen_clie
     assert {c.get("lr_decay", "none") for c in fednl} == {"cosine", "none"}     # the grid and the first grid's constant lr
 
 
+def test_every_stream_of_the_templates_grid_builds_at_every_size():
+    """The config checks pass without building streams; a template whose needle and question do not fit a chunk at
+    some draw only fails when its streams are made (multiquery at depth 1 in 128 tokens did, when the grid started)."""
+    from lightfed.models import backbones
+    from lightfed.tasks import passkey
+    import fednl_retrieval as R
+    tok = backbones.smollm2_tokenizer()
+    tok.model_max_length = 10**9
+    for size in R.TEMPLATES_SIZES.values():
+        o = passkey.Options(**size["task"])
+        for t in o.names():
+            assert len(passkey.streams(o, tok, "eval", template=t)) == len(o.lens()) * len(o.deps()) * o.test_per_cell
+            assert len(passkey.streams(o, tok, "train", template=t)) == o.train_size
+
+
 def test_an_interrupted_benchmark_run_resumes_only_with_its_own_config_and_code(tmp_path, monkeypatch, capsys):
     import common
     from conftest import tiny_config
