@@ -541,7 +541,7 @@ TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query ques
 # depths: all outside the question's chunk (0.9: the chunk before it at 4-16 chunks); the question's own chunk (depth 1)
 # cannot always hold multiquery's question and answer (106 tokens) beside its needle (22-23) in 128 tokens, and the
 # passkey part reports that chunk for the headline template; lengths 4 and 8 chunks (512, 1,024 tokens): an evaluation of
-# the seven templates then takes ~12 min on a busy core (16 chunks would double it), and a run evaluates twice
+# the seven templates then takes 6-12 min on a busy core (16 chunks would double it), and a run evaluates twice
 TEMPLATES_TASK = {"templates": "all", "unit": TUNIT, "window": TUNIT, "train_chunks": 4, "train_size": 64,
                   "lengths": "4,8", "depths": "0,0.5,0.9", "test_per_cell": 20}
 TEMPLATES_SIZES = {

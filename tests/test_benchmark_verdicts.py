@@ -154,10 +154,14 @@ def test_every_config_of_the_fednl_retrieval_grids_validates_and_the_unseen_clie
 def test_every_stream_of_the_templates_grid_builds_at_every_size():
     """The config checks pass without building streams; a template whose needle and question do not fit a chunk at
     some draw only fails when its streams are made (multiquery at depth 1 in 128 tokens did, when the grid started)."""
+    from lightfed import assets
     from lightfed.models import backbones
     from lightfed.tasks import passkey
     import fednl_retrieval as R
-    tok = backbones.smollm2_tokenizer()
+    try:
+        tok = backbones.smollm2_tokenizer()
+    except assets.AssetMissing as e:
+        pytest.skip(str(e))
     tok.model_max_length = 10**9
     for size in R.TEMPLATES_SIZES.values():
         o = passkey.Options(**size["task"])
