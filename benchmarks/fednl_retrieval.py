@@ -537,8 +537,8 @@ def plot_retrieval(r: dict, path) -> None:
 
 
 # --- templates: the pass key and six RULER templates, a client each; an unseen template ---------------------------
-TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: 102 tokens)
-# depths: all outside the question's chunk (0.9: the chunk before it at 4-16 chunks); the question's own chunk (depth 1)
+TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: 106 tokens)
+# depths: all outside the question's chunk (0.9: the chunk before it at 4 and 8 chunks); the question's own chunk (depth 1)
 # cannot always hold multiquery's question and answer (106 tokens) beside its needle (22-23) in 128 tokens, and the
 # passkey part reports that chunk for the headline template; lengths 4 and 8 chunks (512, 1,024 tokens): an evaluation of
 # the seven templates then takes 6-12 min on a busy core (16 chunks would double it), and a run evaluates twice
