@@ -152,8 +152,8 @@ def test_every_config_of_the_fednl_retrieval_grids_validates_and_the_unseen_clie
 
 
 def test_every_stream_of_the_templates_grid_builds_at_every_size():
-    """The config checks pass without building streams; a template whose needle and question do not fit a chunk at
-    some draw only fails when its streams are made (multiquery at depth 1 in 128 tokens did, when the grid started)."""
+    """The config checks pass without building streams; a template whose needle and question might not fit a chunk
+    fails when its streams are made (multiquery at depth 1 in 128 tokens did, when the grid first started)."""
     from lightfed import assets
     from lightfed.models import backbones
     from lightfed.tasks import passkey

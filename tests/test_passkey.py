@@ -2,6 +2,7 @@
 evaluation needles never trained on; RULER's templates in the same geometry (domain = template)."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,9 +37,11 @@ def _gold_needle(tok, name: str, s) -> list[int]:
 
 @pytest.mark.parametrize("name", PK.TEMPLATES7)
 def test_every_template_stream_is_exact_and_its_gold_needle_sits_in_the_chunk_its_depth_names(tok, name):
-    o = PK.Options(templates=name, unit=128, window=128, lengths="4,8", depths="0,0.5,1", test_per_cell=3)
+    # depth 1 is refused where the question and answer may not leave the needle room (a uuid can take 37 tokens)
+    depths = "0,0.5" if name in ("multiquery", "single_3") else "0,0.5,1"
+    o = PK.Options(templates=name, unit=128, window=128, lengths="4,8", depths=depths, test_per_cell=3)
     ss = PK.streams(o, tok, "eval", template=name)
-    assert len(ss) == 2 * 3 * 3
+    assert len(ss) == 2 * len(o.deps()) * 3
     for s in ss:
         ids = s.ids.tolist()
         assert len(ids) == s.chunks * 128
@@ -54,6 +57,31 @@ def test_every_template_stream_is_exact_and_its_gold_needle_sits_in_the_chunk_it
         t = torch.nonzero(s.targets).flatten()
         assert t.max() == len(ids) - 1
         assert tok.decode(s.ids[s.targets]).replace(",", "").replace(" ", "") == s.value.replace(", ", "")
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_templates_size_bound_holds_for_every_draw_so_a_geometry_fails_for_every_seed_or_none(tok, split):
+    """The draw-free bound (Builder.template_sizes) is never below what 300 draws of each template take; multiquery's
+    question and answer (up to 106 tokens drawn) beside its needle (up to 24) overflow a 128-token chunk at depth 1 on
+    some draws only, so depth 1 is refused for every seed and data_seed, before any stream is drawn."""
+    b = PK._builder(tok, split, 128)
+    for name in [*PK.TEMPLATES7[1:], "multikey_3"]:
+        t, rng = niah.TASKS[name], np.random.default_rng(7)
+        head, gold, tail, total = b.template_sizes(name)
+        assert head == len(b._enc(niah._instruction(t.value)))
+        for _ in range(300):
+            used: dict = {}
+            keys = niah._unique(t.key, t.n_keys, rng, split, used)
+            values = [niah._unique(t.value, t.n_values, rng, split, used) for _ in keys]
+            golds = [v for vs in values[:t.n_queries] for v in vs]
+            needles = [len(b._enc(" " + niah.needle(t.value, k, v))) for k, vs in zip(keys, values) for v in vs]
+            q = b._enc("\n\n" + niah._question(t.value, keys[:t.n_queries], len(golds))) + b._enc(" " + ", ".join(golds))
+            assert needles[0] <= gold and len(q) <= tail and sum(needles) <= total, name
+    for data_seed in (0, 1, 2):
+        o = PK.Options(templates="multiquery", unit=128, window=128, lengths="4", depths="0,1", test_per_cell=40,
+                       data_seed=data_seed)
+        with pytest.raises(ValueError, match=r"multiquery: a 128-token chunk cannot hold its needle .* at depth 1 of 4"):
+            PK.streams(o, tok, "eval", template="multiquery")
 
 
 def test_evaluation_keys_and_values_were_never_trained_on(tok):

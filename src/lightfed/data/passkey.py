@@ -18,6 +18,8 @@ the template's other needles (more keys, more values, asked or not) at random pl
 the question, the haystack Austen's tokens ("book"), the filler sentences ("filler") or distractor needles only
 ("needles"); the last chunk ends with the question and the answer " v1, v2, ...", whose non-blank tokens are the
 targets. Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
+Whether a template fits a chunk is decided on the most tokens any draw can take (Builder.template_sizes), so a
+geometry that fails, fails for every seed, before any stream is drawn.
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class Builder:
         self.tok, self.window, self.split = tok, window, split
         self.hay = np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         self.q = tok(QUESTION, add_special_tokens=False)["input_ids"]
+        self._most_cache: dict[str, int] = {}
         if len(self.q) + 8 + self._needle_len() > window:
             raise ValueError(f"passkey: window = {window} tokens cannot hold the needle, the question and the answer")
 
@@ -77,8 +80,48 @@ class Builder:
     def _enc(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
+    def _most(self, kind: str) -> int:
+        """The most tokens " " + a drawable key or value of `kind` can take: every word pair of the split counted,
+        numbers and uuids bounded by one token per character (a byte-level BPE never emits more)."""
+        if kind not in self._most_cache:
+            if kind == "words":
+                side = niah.SPLITS.index(self.split)
+                pairs = [f" {a}-{n}" for a in niah.ADJECTIVES[side::2] for n in niah.NOUNS[side::2]]
+                self._most_cache[kind] = max(map(len, self.tok(pairs, add_special_tokens=False)["input_ids"]))
+            else:
+                self._most_cache[kind] = 1 + len(niah._DRAW[kind](np.random.default_rng(0), 1, self.split)[0])
+        return self._most_cache[kind]
+
+    def template_sizes(self, name: str) -> tuple[int, int, int, int]:
+        """(instruction, gold needle, question + answer, all needles) of template `name`: the most tokens any draw
+        can take. One draw is tokenised and each of its keys and values widened to the most its kind can take; the
+        pre-tokenizer splits at the spaces and punctuation around them, so the pieces add up."""
+        t = niah.TASKS[name]
+        rng = np.random.default_rng(0)
+        keys = niah._DRAW[t.key](rng, t.n_keys, self.split)
+        values = [niah._DRAW[t.value](rng, t.n_values, self.split) for _ in keys]
+        wk = {k: self._most(t.key) - len(self._enc(" " + k)) for k in keys}          # what each could grow by
+        wv = {v: self._most(t.value) - len(self._enc(" " + v)) for vs in values for v in vs}
+        needles = [len(self._enc(" " + niah.needle(t.value, k, v))) + wk[k] + wv[v] for k, vs in zip(keys, values) for v in vs]
+        golds = [v for vs in values[:t.n_queries] for v in vs]
+        q = "\n\n" + niah._question(t.value, keys[:t.n_queries], len(golds))           # names each asked key twice
+        tail = (len(self._enc(q)) + len(self._enc(" " + ", ".join(golds)))
+                + sum(wk[k] * q.count(k) for k in keys[:t.n_queries]) + sum(wv[v] for v in golds))
+        return len(self._enc(niah._instruction(t.value))), needles[0], tail, sum(needles)
+
+    def check_template(self, name: str, chunks: int, depth: float) -> None:
+        """ValueError, for every draw alike, when a stream of `name` at (chunks, depth) might not fit its chunks."""
+        head, gold, tail, total = self.template_sizes(name)
+        W, c = self.window, chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
+        room = W - (tail if c == chunks - 1 else 0) - (head if c == 0 else 0)       # the gold needle's chunk
+        if gold > room or tail > W or head + tail + total > chunks * W:
+            raise ValueError(f"template {name}: a {W}-token chunk cannot hold its needle (up to {gold} tokens) beside "
+                             f"the instruction ({head}) or the question and answer (up to {tail}) at depth {depth:g} of "
+                             f"{chunks} chunks; use a larger unit, another depth or another template")
+
     def template_stream(self, name: str, chunks: int, depth: float, rng: np.random.Generator) -> Stream:
         """One stream of RULER template `name` (data/niah.TASKS), its first gold needle in the chunk `depth` picks."""
+        self.check_template(name, chunks, depth)
         t, W, T = niah.TASKS[name], self.window, chunks * self.window
         kind, used = t.value, {}
         keys = niah._unique(t.key, t.n_keys, rng, self.split, used)
@@ -91,11 +134,7 @@ class Builder:
         tail = self._enc("\n\n" + niah._question(kind, asked, len(golds))) + a
         c = chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
         lo = c * W + (len(head) if c == 0 else 0)                               # the gold needle: wholly in chunk c
-        hi = (T - len(tail) if c == chunks - 1 else (c + 1) * W) - len(needles[0])
-        if hi < lo or len(tail) > W or len(head) + len(tail) + sum(map(len, needles)) > T:
-            raise ValueError(f"template {name}: a {W}-token chunk cannot hold its needle ({len(needles[0])} tokens) "
-                             f"beside the instruction ({len(head)}) or the question and answer ({len(tail)}); use a larger "
-                             f"unit, or another template")
+        hi = (T - len(tail) if c == chunks - 1 else (c + 1) * W) - len(needles[0])    # >= lo: check_template
         spans = [(p := int(rng.integers(lo, hi + 1)), p + len(needles[0]))]
         for n in needles[1:]:                   # the others: anywhere between the instruction and the question
             for _ in range(1000):

@@ -11,6 +11,8 @@ exact match (every digit right, teacher forced), the mean over all cells; `detai
 `templates`: "passkey" (the above), or a comma-separated list of it and data/niah.TASKS names, or "all" (the seven of
 TEMPLATES7): RULER's needles and questions in the same geometry (data/passkey.py), `train_size` streams of each; the
 domain of a stream is its template (partition = domain: one client per template; holdout: an unseen template).
+A (length, depth) where a template's largest draw would not fit its chunks fails when the task is built, for every
+seed alike, naming the template and the sizes.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ from lightfed.models import backbones, lm
 from lightfed.tasks.base import Task, eval_mode
 
 # "all": the headline pass key and six of RULER's templates (niah.md: choose seven). multikey_3 (uuid keys and values)
-# is left out: its question and answer alone take 134 SmolLM2 tokens, more than a chunk of 128; single_2 is the pass
-# key with a key (the pass key stands for it).
+# is left out: its question and answer alone take up to 137 SmolLM2 tokens, more than a chunk of 128; single_2 is the
+# pass key with a key (the pass key stands for it). At 128-token chunks, single_3 and multiquery cannot hold their
+# needle in the question's own chunk (depth 1) on every draw, so depth 1 is refused for them (data/passkey.py).
 TEMPLATES7 = ("passkey", "single_3", "multikey_1", "multikey_2", "multivalue", "multiquery", "single_1")
 
 
@@ -94,6 +97,10 @@ def streams(o: Options, tok, split: str, validation: bool = False, template: str
     b = _builder(tok, src, o.unit)
     own = [] if template == "passkey" else [zlib.crc32(template.encode())]
     n = o.train_chunks
+    if template != "passkey":       # every geometry the split can draw, checked before any draw
+        for L, d in ([(n, k / (n - 1)) for k in range(n - 1)] if split == "train" else
+                     [(L, d) for L in o.lens() for d in o.deps()]):
+            b.check_template(template, L, d)
     if split == "train":
         rng = np.random.default_rng([o.data_seed, 21, *own])
         if template != "passkey":
