@@ -537,11 +537,12 @@ def plot_retrieval(r: dict, path) -> None:
 
 
 # --- templates: the pass key and six RULER templates, a client each; an unseen template ---------------------------
-TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: 106 tokens)
-# depths: all outside the question's chunk (0.9: the chunk before it at 4 and 8 chunks); the question's own chunk (depth 1)
-# cannot always hold multiquery's question and answer (106 tokens) beside its needle (22-23) in 128 tokens, and the
-# passkey part reports that chunk for the headline template; lengths 4 and 8 chunks (512, 1,024 tokens): an evaluation of
-# the seven templates then takes 6-12 min on a busy core (16 chunks would double it), and a run evaluates twice
+TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: up to 116 tokens)
+# depths: all outside the question's chunk (0.9: the chunk before it at 4 and 8 chunks). The question's own chunk
+# (depth 1) cannot hold multiquery's question and answer (up to 116 tokens) beside its needle (up to 24) on every
+# draw, nor single_3's (uuids), so the task refuses depth 1 for them; the passkey part reports that chunk for the pass
+# key. Lengths 4 and 8 chunks (512, 1,024 tokens): an evaluation of the seven templates then takes 6-12 min on a busy
+# core (16 chunks would double it), and a run evaluates twice.
 TEMPLATES_TASK = {"templates": "all", "unit": TUNIT, "window": TUNIT, "train_chunks": 4, "train_size": 64,
                   "lengths": "4,8", "depths": "0,0.5,0.9", "test_per_cell": 20}
 TEMPLATES_SIZES = {
@@ -637,7 +638,7 @@ def markdown_templates(r: dict) -> list[str]:
     ts = sorted({t for row in r["by_template"].values() for t in row})
     L = ["## Seven templates at 128-token chunks: a client each, one never trained\n",
          f"Task passkey with templates = all ({s['task']}): the pass key and six RULER templates (niah.md; multikey_3 left "
-         f"out: its question and answer take 134 tokens, more than a chunk), one client each ({len(ts)} clients, "
+         f"out: its question and answer take up to 137 tokens, more than a chunk), one client each ({len(ts)} clients, "
          f"{s['per_round']} a round, {s['rounds']} rounds x {s['local_steps']} local steps of {BASE['batch_size']} streams); "
          f"lrs {s['lr']}, lr decay {s['lr_decay']}. Exact match of the answer (teacher forced), mean over the lengths and the "
          f"depths outside the question's chunk, mean ± sd over seeds. '{r['unseen']}' is the template whose client the "
