@@ -51,7 +51,8 @@ class Builder:
         self.tok, self.window, self.split = tok, window, split
         self.hay = np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         self.q = tok(QUESTION, add_special_tokens=False)["input_ids"]
-        self._most_cache: dict[str, int] = {}
+        self._most_cache: dict[str, int] = {}                          # kind -> the most tokens one can take
+        self._sizes: dict[str, tuple[int, int, int, int]] = {}         # template -> template_sizes
         if len(self.q) + 8 + self._needle_len() > window:
             raise ValueError(f"passkey: window = {window} tokens cannot hold the needle, the question and the answer")
 
@@ -96,6 +97,8 @@ class Builder:
         """(instruction, gold needle, question + answer, all needles) of template `name`: the most tokens any draw
         can take. One draw is tokenised and each of its keys and values widened to the most its kind can take; the
         pre-tokenizer splits at the spaces and punctuation around them, so the pieces add up."""
+        if name in self._sizes:
+            return self._sizes[name]
         t = niah.TASKS[name]
         rng = np.random.default_rng(0)
         keys = niah._DRAW[t.key](rng, t.n_keys, self.split)
@@ -107,7 +110,8 @@ class Builder:
         q = "\n\n" + niah._question(t.value, keys[:t.n_queries], len(golds))           # names each asked key twice
         tail = (len(self._enc(q)) + len(self._enc(" " + ", ".join(golds)))
                 + sum(wk[k] * q.count(k) for k in keys[:t.n_queries]) + sum(wv[v] for v in golds))
-        return len(self._enc(niah._instruction(t.value))), needles[0], tail, sum(needles)
+        self._sizes[name] = len(self._enc(niah._instruction(t.value))), needles[0], tail, sum(needles)
+        return self._sizes[name]
 
     def check_template(self, name: str, chunks: int, depth: float) -> None:
         """ValueError, for every draw alike, when a stream of `name` at (chunks, depth) might not fit its chunks."""
