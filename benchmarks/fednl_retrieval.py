@@ -679,7 +679,7 @@ def plot_templates(r: dict, path) -> None:
     grid = np.array([[np.mean(bt[n][t]) if bt[n].get(t) else np.nan for t in ts] for n in names])
     fig, ax = plt.subplots(figsize=(1.1 * len(ts) + 3, 0.5 * len(names) + 1.5))
     ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(ts)), [t + (" (unseen)" if t == r["unseen"] else "") for t in ts], rotation=30, fontsize=7, ha="right")
+    ax.set_xticks(range(len(ts)), [t + (" (held out in\nthe unseen run)" if t == r["unseen"] else "") for t in ts], rotation=30, fontsize=7, ha="right")
     ax.set_yticks(range(len(names)), names, fontsize=7)
     for i in range(len(names)):
         for j in range(len(ts)):
