@@ -44,6 +44,16 @@ class Stream:
     value: str
 
 
+def chunk_of(chunks: int, depth: float) -> int:
+    """The chunk a needle at `depth` lies in: floor(depth x (chunks - 1)) below the question's, which depth 1 names."""
+    return chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
+
+
+def _qa(kind: str, asked: list[str], golds: list[str]) -> tuple[str, str]:
+    """A template's question (after the haystack) and its answer " v1, v2, ..." (data/niah's words)."""
+    return "\n\n" + niah._question(kind, asked, len(golds)), " " + ", ".join(golds)
+
+
 class Builder:
     """Streams over one split's haystack, for one tokenizer and window."""
 
@@ -64,7 +74,7 @@ class Builder:
         n = self.tok(NEEDLE.format(v=value), add_special_tokens=False)["input_ids"]
         a = self.tok(" " + value, add_special_tokens=False)["input_ids"]         # [" ", d1, ..., d7]
         tail = self.q + a
-        c = chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
+        c = chunk_of(chunks, depth)
         room = (W - len(tail) if c == chunks - 1 else W) - len(n)               # where the needle can start in chunk c
         p = c * W + int(rng.integers(0, room + 1))
         m = T - len(tail) - len(n)                                              # haystack tokens
@@ -107,8 +117,8 @@ class Builder:
         wv = {v: self._most(t.value) - len(self._enc(" " + v)) for vs in values for v in vs}
         needles = [len(self._enc(" " + niah.needle(t.value, k, v))) + wk[k] + wv[v] for k, vs in zip(keys, values) for v in vs]
         golds = [v for vs in values[:t.n_queries] for v in vs]
-        q = "\n\n" + niah._question(t.value, keys[:t.n_queries], len(golds))           # names each asked key twice
-        tail = (len(self._enc(q)) + len(self._enc(" " + ", ".join(golds)))
+        q, a = _qa(t.value, keys[:t.n_queries], golds)                              # q names each asked key twice
+        tail = (len(self._enc(q)) + len(self._enc(a))
                 + sum(wk[k] * q.count(k) for k in keys[:t.n_queries]) + sum(wv[v] for v in golds))
         self._sizes[name] = len(self._enc(niah._instruction(t.value))), needles[0], tail, sum(needles)
         return self._sizes[name]
@@ -116,7 +126,7 @@ class Builder:
     def check_template(self, name: str, chunks: int, depth: float) -> None:
         """ValueError, for every draw alike, when a stream of `name` at (chunks, depth) might not fit its chunks."""
         head, gold, tail, total = self.template_sizes(name)
-        W, c = self.window, chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
+        W, c = self.window, chunk_of(chunks, depth)
         room = W - (tail if c == chunks - 1 else 0) - (head if c == 0 else 0)       # the gold needle's chunk
         if gold > room or tail > W or head + tail + total > chunks * W:
             raise ValueError(f"template {name}: a {W}-token chunk cannot hold its needle (up to {gold} tokens) beside "
@@ -134,9 +144,9 @@ class Builder:
         golds = [v for vs in values[:t.n_queries] for v in vs]
         needles = [self._enc(" " + niah.needle(kind, k, v)) for k, vs in zip(keys, values) for v in vs]   # gold first
         head = self._enc(niah._instruction(kind))
-        a = self._enc(" " + ", ".join(golds))
-        tail = self._enc("\n\n" + niah._question(kind, asked, len(golds))) + a
-        c = chunks - 1 if depth >= 1 else min(int(depth * (chunks - 1)), chunks - 2)
+        q, a = (self._enc(x) for x in _qa(kind, asked, golds))
+        tail = q + a
+        c = chunk_of(chunks, depth)
         lo = c * W + (len(head) if c == 0 else 0)                               # the gold needle: wholly in chunk c
         hi = (T - len(tail) if c == chunks - 1 else (c + 1) * W) - len(needles[0])    # >= lo: check_template
         spans = [(p := int(rng.integers(lo, hi + 1)), p + len(needles[0]))]
