@@ -1,7 +1,8 @@
 """FedNL's claims on SmolLM2-135M, each part measured, written to results/<name>.{json,md,png}.
 
     python benchmarks/fednl_claims.py --parts bytes,memory,ce            # the cheap parts (CPU: ~30 min)
-    python benchmarks/fednl_claims.py --parts niah,trivia --seeds 0,1,2   # the accuracy grids (GPU-sized at full scale)
+    python benchmarks/fednl_claims.py --parts passkey,templates --seeds 0,1,2  # retrieval: FedNL vs its controls and baselines
+    python benchmarks/fednl_claims.py --parts trivia --seeds 0,1,2       # a client per domain (GPU-sized at full scale)
     python benchmarks/fednl_claims.py --size smoke --parts all --seeds 0  # every part at toy sizes (minutes)
 
 Parts:
@@ -13,12 +14,13 @@ Parts:
 - ce:     FedNL and FedAvg+LoRA trained in the streaming setting on Austen (6 clients, one novel each), then the
           per-token cross-entropy along a 16K-token stream of held-out Austen text (the last 10% of the novels),
           bucketed by position and normalised by the first bucket, next to the frozen backbone in the same setting.
-- niah:   7 clients, one RULER-style template each (data/niah.py), accuracy per template and length.
 - trivia: a client per domain (4 domains, 400 test questions each); accuracy per domain and the aggregation drop
           (local-only minus federated); FedNL has no per-client model (its memory is a stream's), so no "own model" figure.
-- recipe, passkey: FedNL's retrieval recipe measured centrally, then the federated passkey grid (benchmarks/
-          fednl_retrieval.py; `retrieval` in the JSON: the single-needle exact match outside the question's chunk,
-          {row: {chunks: [per seed]}}).
+- recipe, passkey, templates: FedNL's retrieval recipe measured centrally, then the federated passkey grid and the
+          seven templates (benchmarks/fednl_retrieval.py; `retrieval` in the JSON: the single-needle exact match outside
+          the question's chunk, {row: {chunks: [per seed]}}). They replace the first NIAH grid (512-token window, needles
+          at depths 0 and 1 only, 8 steps a client), in which every method scored the same 0.259: it could not show a
+          memory at work (issue 21), and its part was retired.
 Every accuracy figure is the mean and spread over the seeds given (3 for a claim).
 """
 from __future__ import annotations
@@ -46,26 +48,25 @@ FROM_RUNS = False       # --from-runs: run nothing, report the grid's finished r
 TRIVIA_DOMAINS = "arts_entertainment,general_history,sports,video_games"
 SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is the issue's full grid
     "smoke": {"lengths": [1024, 2048], "ce_tokens": 2048, "ce_bucket": 256, "austen": {"block_len": 512, "train_blocks": 12, "test_blocks": 6},
-              "rounds": 1, "niah": {"lengths": "1024", "train_per_template": 2, "test_per_cell": 1, "train_len": 512},
+              "rounds": 1,
               "trivia": {"train_size": 40, "test_size": 40, "max_len": 32}, "local_steps": 1, "batch": 2},
     "cpu": {"lengths": [1024, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 1024, "train_blocks": 24, "test_blocks": 6},
-            "rounds": 2, "niah": {"lengths": "1024,4096", "train_per_template": 4, "test_per_cell": 2, "train_len": 1024},
+            "rounds": 2,
             "trivia": {"train_size": 1000, "test_per_domain": 400, "domains": TRIVIA_DOMAINS, "max_len": 32}, "local_steps": 4, "batch": 2,
             "trivia_run": {"rounds": 3, "eval_every": 3, "local_steps": 10, "batch_size": 4}},
     "gpu": {"lengths": [1024, 2048, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 2048, "train_blocks": 240, "test_blocks": 12},
-            "rounds": 10, "niah": {"lengths": "1024,2048,4096,8192,16384", "train_per_template": 64, "test_per_cell": 12,
-                                   "train_len": 2048},
+            "rounds": 10,
             "trivia": {"train_size": 2000, "test_per_domain": 400, "domains": TRIVIA_DOMAINS, "max_len": 48}, "local_steps": 20, "batch": 8},
 }
-# (label, method, options): the personalised and static baselines of FedNL's paper, on the same backbone
-# (all LoRA-based ones adapt q_proj, v_proj at r = 8 at the run's lr 1e-3 (LoRA: 1e-3 beat 1e-2 in a 24-step probe
-# on Austen, held-out CE 3.77 -> 3.55 vs 3.56); FedNL at its own default, 1e-2)
 RECIPE = {"layers": "auto", "n_layers": 5, "gate": 0.0}   # FedNL's options in the passkey grid: its defaults, which
                                                           # the recipe part found to work (see the recipe table)
-METHODS = [("FedNL", "fednl", {}), ("FedAvg+LoRA", "lora", {}), ("FedProx (LoRA)", "lora", {"mu": 0.01}),
-           ("FedALA", "fedala", {}), ("FedSSI", "fedssi", {}), ("local-only", "local_only", {})]
+# (label, method, options) of the ce and trivia grids: FedNL, the baselines as their papers set them (the passkey grid's:
+# fednl_retrieval.BASELINES) and local-only, on the same backbone, every one at the run's lr 1e-3 (base_run; LoRA: 1e-3
+# beat 1e-2 in a 24-step probe on Austen, held-out CE 3.77 -> 3.55 vs 3.56); LoRA-based ones adapt q_proj, v_proj, r = 8
+METHODS = ([("FedNL", "fednl", {})] + [(label, method, opts) for label, method, opts, _ in R.BASELINES]
+           + [("local-only", "local_only", {})])
 
 
 def _model(method: str, opts: dict):
@@ -135,7 +136,7 @@ def part_memory(size: dict) -> dict:
     return {"window": WINDOW, "points": pts, "fednl_peak_growth": growth}
 
 
-# --- runs (ce, niah, trivia) ---------------------------------------------------------------------
+# --- runs (ce, trivia) ---------------------------------------------------------------------------
 def base_run(size: dict, task: str, task_options: dict, clients: int, seed: int) -> dict:
     return {"task": task, "clients": clients, "fraction": 1.0, "rounds": size["rounds"], "partition": "domain",
             "seed": seed, "batch_size": size["batch"], "local_steps": size["local_steps"], "lr": 1e-3,
@@ -188,26 +189,11 @@ def ms(xs):
     return (float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0, len(xs))
 
 
-def part_niah(size, seeds, workers) -> dict:
-    to = {**size["niah"], "window": WINDOW}
-    g, sums = grid(size, "niah", to, 7, seeds, METHODS, "niah", workers)
-    by = {}
-    for (label, _), s in zip(g, sums):
-        name = label.split(" ", 1)[1].rsplit(" ", 1)[0]
-        by.setdefault(name, []).append(s)
-    out = {}
-    for name, ss in by.items():
-        ok = [s for s in ss if "error" not in s]
-        cells = {}
-        for s in ok:
-            for t, c in (s.get("cells") or {}).items():
-                for n, v in c.items():
-                    cells.setdefault(t, {}).setdefault(n, []).append(v)
-        out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]),
-                     "finals": [s["final"] for s in ok], "cells": {t: {n: ms(v) for n, v in c.items()} for t, c in cells.items()},
-                     "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
-                     "per_client": [s.get("per_client") for s in ok], "errors": [s["error"] for s in ss if "error" in s]}
-    return {"window": WINDOW, "task_options": to, "methods": out}
+def personalised(method: str) -> bool:
+    """Whether a method's clients keep a model of their own (evaluated per client): FedALA, local-only; not FedNL, whose
+    memory is a stream's, emptied at every stream's start."""
+    from lightfed.methods import METHODS as REGISTRY
+    return bool(REGISTRY[method].personalised)
 
 
 def part_trivia(size, seeds, workers) -> dict:
@@ -239,8 +225,9 @@ def part_trivia(size, seeds, workers) -> dict:
         # personalised methods: the drop of the model each client itself holds (its per-client score) on its domain
         own = [float(np.mean([abs(local[(s["config"]["seed"], c["domains"][0])] - c["accuracy"]) for c in s["per_client"].values()
                               if len(c["domains"]) == 1 and (s["config"]["seed"], c["domains"][0]) in local]))
-               for s in ok if s.get("per_client") and s["method"] != "local_only"]
-        out[name] = {"mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
+               for s in ok if s.get("per_client") and s["method"] != "local_only" and personalised(s["method"])]
+        out[name] = {"method": ok[0]["method"] if ok else None, "personalised": personalised(ok[0]["method"]) if ok else None,
+                     "mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
                      "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
                      "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
@@ -264,13 +251,13 @@ def fmt(x, nd=3):
 
 
 def markdown(res: dict) -> str:
-    parts = [p for p in ("recipe", "passkey", "templates", "bytes", "memory", "ce", "niah", "trivia") if p in res]
+    parts = [p for p in ("recipe", "passkey", "templates", "bytes", "memory", "ce", "trivia") if p in res]
     L = ["# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
          + f"  \nLast date: {res['meta']['date']}; size preset per part (benchmarks/fednl_claims.py SIZES): "
          + ", ".join(f"{p} `{res[p].get('size', '?')}`" for p in parts if p not in ("recipe", "passkey", "templates"))
          + "; each part's seeds are in its command and its setting in its section. Streaming setting of "
-         f"bytes/memory/ce/niah/trivia: attention local to {WINDOW}-token chunks, FedNL's memory carrying across (recipe "
+         f"bytes/memory/ce/trivia: attention local to {WINDOW}-token chunks, FedNL's memory carrying across (recipe "
          f"and passkey: 64-token chunks).\n"]
     if "recipe" in res:
         L += R.markdown_recipe(res["recipe"])
@@ -324,46 +311,44 @@ def markdown(res: dict) -> str:
                       f"Training truncated each memory trajectory at a {c['train_block_len']}-token block "
                       f"({c['train_block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long."]
         L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
-    for part, title in (("niah", "Needle in a haystack: accuracy (string match all, 0-1)"), ("trivia", "Trivia by domain: accuracy")):
-        if part not in res:
-            continue
-        L += [f"## {title}\n", "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
-        for name, r in res[part]["methods"].items():
-            L.append(f"| {name} | {fmt(r['initial'])} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |")
-        ms_ = res[part]["methods"]
+    if "trivia" in res:
+        t = res["trivia"]
+        ms_ = t["methods"]
+        L += ["## Trivia by domain: accuracy\n", "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
+        L += [f"| {name} | {fmt(r['initial'])} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |" for name, r in ms_.items()]
         missing = {n: len(r["errors"]) for n, r in ms_.items() if r.get("errors")}
         if missing:
             L += ["", "Runs missing (failed, or not run when the grid was stopped): " + "; ".join(
                 f"{n}: {k} of {k + len(ms_[n]['finals'])} ({ms_[n]['errors'][0][:120]})" for n, k in missing.items()) + "."]
-        if part == "niah" and "FedNL" in ms_ and "FedALA" in ms_:
-            L += ["", f"FedNL's NIAH mean above FedALA's: **{verdict(ms_['FedNL']['finals'], ms_['FedALA']['finals'], False)}**."]
-        if part == "niah":
-            L += ["", f"Setting: task options {res[part]['task_options']}.", "", "Per template and length (final, mean ± sd over seeds):", ""]
-            for name, r in res[part]["methods"].items():
-                L.append(f"- {name}: " + "; ".join(f"{t} @{n}: {fmt(v, 2)}" for t, c in r["cells"].items() for n, v in c.items()))
-        else:
-            doms = sorted({d for r in ms_.values() for d in r["per_domain"]})
-            L += ["", f"Setting: task options {res[part]['task_options']}, runs {res[part].get('run', {})}; personalised methods' own models "
-                      "(each client on its domain's test questions): " + "; ".join(
-                          f"{n} {fmt(r['personal'])}" for n, r in ms_.items() if r.get("personal")) + ".", "",
-                  "Accuracy per domain (mean ± sd over seeds):", "", "| method | " + " | ".join(doms) + " |",
-                  "|---|" + "---|" * len(doms)]
-            for name, r in ms_.items():
-                L.append(f"| {name} | " + " | ".join(fmt(r["per_domain"].get(d), 3).split(" (")[0] for d in doms) + " |")
-            L += ["", "Aggregation drop per domain (the local-only client on its domain minus the global model on that domain; "
-                      "closer to 0 is better; the last column: personalised methods' own per-client models instead):", "",
-                  "| method | " + " | ".join(doms) + " | mean abs, global (per seed) | mean abs, own model (per seed) |",
-                  "|---|" + "---|" * (len(doms) + 2)]
-            for name, r in ms_.items():
-                if r["drop"] and name != "local-only":
-                    L.append(f"| {name} | " + " | ".join(fmt(r["drop"].get(d), 3).split(" (")[0] for d in doms)
-                             + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", []))
-                             + " | " + (", ".join(f"{x:.3f}" for x in r.get("abs_own_drop_by_seed", [])) or "-") + " |")
-            if "FedNL" in ms_:
-                for other in ("FedAvg+LoRA", "FedProx (LoRA)", "FedSSI"):
-                    if other in ms_ and ms_["FedNL"].get("abs_drop_by_seed") and ms_[other].get("abs_drop_by_seed"):
-                        L.append(f"\nFedNL's aggregation drop closer to zero than {other}'s: **"
-                                 f"{verdict(ms_['FedNL']['abs_drop_by_seed'], ms_[other]['abs_drop_by_seed'], True)}**.")
+        now = SIZES.get(t.get("size", ""), {})
+        if (now.get("trivia"), now.get("trivia_run", {}), [m[0] for m in METHODS]) != (t["task_options"], t.get("run", {}), list(ms_)):
+            L += ["", f"**Outgrown:** this grid ran before the code's `{t.get('size')}` preset became task options "
+                      f"{now.get('trivia')}, runs {now.get('trivia_run', {})}, rows {[m[0] for m in METHODS]}; rerun its command."]
+        # FedNL is not personalised (its memory is a stream's): its clients hold the global model, so no own-model figure
+        own = {n: r for n, r in ms_.items() if r.get("personalised", n in ("FedALA", "local-only")) and n != "local-only"}
+        doms = sorted({d for r in ms_.values() for d in r["per_domain"]})
+        L += ["", f"Setting: task options {t['task_options']}, runs {t.get('run', {})}; personalised methods' own models "
+                  "(each client on its domain's test questions): " + "; ".join(
+                      f"{n} {fmt(r['personal'])}" for n, r in ms_.items() if r.get("personal") and (n in own or n == "local-only"))
+              + ".", "", "Accuracy per domain (mean ± sd over seeds):", "", "| method | " + " | ".join(doms) + " |",
+              "|---|" + "---|" * len(doms)]
+        for name, r in ms_.items():
+            L.append(f"| {name} | " + " | ".join(fmt(r["per_domain"].get(d), 3).split(" (")[0] for d in doms) + " |")
+        L += ["", "Aggregation drop per domain (the local-only client on its domain minus the global model on that domain; "
+                  "closer to 0 is better; the last column: personalised methods' own per-client models instead):", "",
+              "| method | " + " | ".join(doms) + " | mean abs, global (per seed) | mean abs, own model (per seed) |",
+              "|---|" + "---|" * (len(doms) + 2)]
+        for name, r in ms_.items():
+            if r["drop"] and name != "local-only":
+                L.append(f"| {name} | " + " | ".join(fmt(r["drop"].get(d), 3).split(" (")[0] for d in doms)
+                         + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", []))
+                         + " | " + ((", ".join(f"{x:.3f}" for x in r.get("abs_own_drop_by_seed", [])) or "-") if name in own else "-")
+                         + " |")
+        if ms_.get("FedNL", {}).get("abs_drop_by_seed"):
+            for other, r in ms_.items():
+                if other not in own and other not in ("FedNL", "local-only") and r.get("abs_drop_by_seed"):
+                    L.append(f"\nFedNL's aggregation drop closer to zero than {other}'s: **"
+                             f"{verdict(ms_['FedNL']['abs_drop_by_seed'], r['abs_drop_by_seed'], True)}**.")
         L.append("")
     return "\n".join(L)
 
@@ -410,7 +395,7 @@ def main():
     ap.add_argument("--size", default="cpu", choices=sorted(SIZES))
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--name", default="fednl_claims")
-    ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in niah/trivia (default: all)")
+    ap.add_argument("--methods", default="", help="comma-separated labels of METHODS to run in ce/trivia (default: all)")
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
@@ -428,7 +413,7 @@ def main():
         mode, n = a.memory_point.split(":")
         print(json.dumps(memory_point(mode, int(n))))
         return
-    parts = ["recipe", "passkey", "templates", "bytes", "memory", "ce", "niah", "trivia"] if a.parts == "all" else a.parts.split(",")
+    parts = ["recipe", "passkey", "templates", "bytes", "memory", "ce", "trivia"] if a.parts == "all" else a.parts.split(",")
     if a.methods:
         keep = [m.strip() for m in a.methods.split(",")]
         bad = [m for m in keep if m not in [x[0] for x in METHODS]]
@@ -454,14 +439,14 @@ def main():
                   "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
                                                         set(a.rows.split(";")) if a.rows else None, a.from_runs),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
-                  "niah": lambda: part_niah(size, seeds, a.workers), "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
+                  "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         merged = p == "passkey" and a.rows and "passkey" in prior    # rows run alone join the grid collected before
         if merged:
             res[p] = R.merge(prior[p], res[p])
         if p == "passkey":
             res["retrieval"] = res[p]["retrieval"]
         res[p]["seconds"] = time.time() - t
-        if p in ("bytes", "memory", "ce", "niah", "trivia"):
+        if p in ("bytes", "memory", "ce", "trivia"):
             res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part
         res[p]["command"] = (prior[p]["command"] + "; then " if merged else "") + res["meta"]["command"]
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)

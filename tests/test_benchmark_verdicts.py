@@ -264,3 +264,30 @@ def test_flite_vision_carries_seeds_whose_runs_left_the_disk_from_the_previous_r
     assert r["errors"] == [] and r["up"] == 10.0            # the run on disk speaks for the row
     assert rows["topk|iid"]["finals"] == [] and rows["topk|iid"]["errors"] == [missing["error"]]   # another lr
     assert carry(rows, g, sums, {**old, "config": {"base": {**BASE, "rounds": 1}, "task": TASK}}) == {}   # another setting
+
+
+def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_an_outgrown_grid():
+    """FedNL's clients hold the global model (its memory is a stream's): no own-model figure even where an older run
+    recorded one, and no verdict against a personalised baseline's global model; a grid whose stored setting is not
+    the code's preset says it is outgrown."""
+    import fednl_claims as F
+    seeds = [0.10, 0.11, 0.12]
+
+    def method(name, personalised, own=None):
+        return {"method": name, "personalised": personalised, "mean": (0.5, 0.0, 3), "initial": (0.3, 0.0, 3),
+                "finals": [0.5] * 3, "per_domain": {"sports": (0.5, 0.0, 3)}, "drop": {"sports": (0.1, 0.0, 3)},
+                "abs_drop_by_seed": seeds, "abs_own_drop_by_seed": own or [], "personal": (0.6, 0.0, 3) if own else None,
+                "up_bytes": 10, "errors": []}
+    size = F.SIZES["cpu"]
+    rows = {label: method(m, m in ("fedala", "local_only"), [0.03] * 3 if m in ("fednl", "fedala") else None)
+            for label, m, _ in F.METHODS}
+    res = {"meta": {"date": "-"}, "trivia": {"size": "cpu", "task_options": size["trivia"], "run": size["trivia_run"],
+                                             "methods": rows}}
+    md = F.markdown(res)
+    table = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ") and "0.100, 0.110" in line}
+    assert table["| FedNL"].endswith("| 0.100, 0.110, 0.120 | - |")             # recorded, yet not shown as its own
+    assert table["| FedALA (p = every layer)"].endswith("| 0.030, 0.030, 0.030 |")
+    assert "than FedAvg+LoRA's" in md and "than FedALA" not in md
+    assert "Outgrown" not in md
+    res["trivia"]["task_options"] = {**size["trivia"], "test_per_domain": 100}
+    assert "**Outgrown:**" in F.markdown(res)
