@@ -399,6 +399,8 @@ def main():
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
+    ap.add_argument("--golds", action="store_true", help="templates: also score the golds found (RULER's string-match-"
+                    "all), one more evaluation of every model, kept beside it")
     ap.add_argument("--rows", default="", help="passkey: ';'-separated row labels to train (default: all), e.g. "
                     "'FedNL;FedAvg+LoRA, windowed'")
     common.add_args(ap)
@@ -437,7 +439,7 @@ def main():
                                                       [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None,
                                                       a.from_runs),
                   "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
-                                                        set(a.rows.split(";")) if a.rows else None, a.from_runs),
+                                                        set(a.rows.split(";")) if a.rows else None, a.from_runs, a.golds),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
                   "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         merged = p == "passkey" and a.rows and "passkey" in prior    # rows run alone join the grid collected before

@@ -575,8 +575,9 @@ def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None
     return g
 
 
-def template_cells(model, task_opts: dict, window: int, reset: bool = False) -> dict:
-    """{template: {cell: exact match}} on the test streams of every template."""
+def template_cells(model, task_opts: dict, window: int, reset: bool = False, golds: bool = False) -> dict:
+    """{template: {cell: exact match}} on the test streams of every template; golds: the fraction of gold values found
+    instead (RULER's string-match-all, teacher forced: differs from exact match where a stream asks several values)."""
     from lightfed import device
     from lightfed.models import backbones
     from lightfed.tasks import passkey
@@ -588,7 +589,7 @@ def template_cells(model, task_opts: dict, window: int, reset: bool = False) -> 
     for t in o.names():
         ss = passkey.streams(o, tok, "eval", template=t)
         with device.using("cpu", "bf16"):
-            xs = passkey.exact_match(model, ss, window, reset=reset)
+            xs = [x[golds] for x in passkey.scores(model, ss, window, reset=reset)]
         cells: dict[str, list[float]] = {}
         for s, x in zip(ss, xs):
             cells.setdefault(passkey.cell(s), []).append(x)
@@ -597,10 +598,11 @@ def template_cells(model, task_opts: dict, window: int, reset: bool = False) -> 
 
 
 def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[str] | None = None,
-                   from_runs: bool = False) -> dict:
+                   from_runs: bool = False, golds: bool = False) -> dict:
     """Rows: FedNL (seven clients, a template each), its memory reset per chunk (the same models), FedNL with UNSEEN's
     client never trained, the frozen backbone windowed and with full attention, FedALA with full attention.
-    Each: {template: {cell: exact match}} per seed."""
+    Each: {template: {cell: exact match}} per seed; golds: also the golds found ("gold_cells"), one more evaluation of
+    every model (kept beside it)."""
     import torch
     from lightfed.engine.files import source_hash
     from lightfed.models import backbones
@@ -615,22 +617,46 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
         if r is None:
             continue
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
+        key, window = {"task": size["task"], "code": s.get("code")}, c["task_options"]["window"]
+        if golds:
+            r.setdefault("gold_cells", []).append(cached(Path(s["out"]) / "eval-golds.json", key, lambda s=s, w=window: template_cells(
+                final_model(s), size["task"], w, golds=True)))
         if name == "FedNL":
-            key = {"task": size["task"], "code": s.get("code")}
             rr = out.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
             rr["cells"].append(cached(Path(s["out"]) / "eval-reset.json", key,
                                       lambda s=s: template_cells(final_model(s), size["task"], TUNIT, reset=True)))
+            if golds:
+                rr.setdefault("gold_cells", []).append(cached(Path(s["out"]) / "eval-golds-reset.json", key, lambda s=s: (
+                    template_cells(final_model(s), size["task"], TUNIT, reset=True, golds=True))))
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "") / "templates"
     key = {"task": size["task"], "code": source_hash()}
     for name, window in (("backbone, windowed", TUNIT), ("backbone, full attention", 0)):
         cells = cached(where / f"backbone-{window}.json", key, lambda: template_cells(back, size["task"], window))
         out[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
+        if golds:
+            out[name]["gold_cells"] = [cached(where / f"backbone-golds-{window}.json", key,
+                                              lambda: template_cells(back, size["task"], window, golds=True))]
     # {row: {template: [per seed: mean exact match over the lengths and depths outside the question's chunk]}}
-    summary = {name: {t: [float(np.mean(list(by_length(c[t]).values()))) for c in r["cells"]] for t in r["cells"][0]}
-               for name, r in out.items() if r["cells"]}
-    return {"rows": out, "by_template": summary, "unseen": UNSEEN, "recipe": recipe, "setting": {"size": size_name, **size, "lr": {
+    def summary(k):
+        return {name: {t: [float(np.mean(list(by_length(c[t]).values()))) for c in r[k]] for t in r[k][0]}
+                for name, r in out.items() if r.get(k)}
+    return {"rows": out, "by_template": summary("cells"), **({"by_template_golds": summary("gold_cells")} if golds else {}),
+            "unseen": UNSEEN, "recipe": recipe, "setting": {"size": size_name, **size, "lr": {
         "fednl": BASE["lr"], "fedala": LORA_LR}, "lr_decay": {"FedNL": "cosine", "FedALA": "none"}}}
+
+
+def _templates_table(r: dict, ts: list[str], by: str, cells: str) -> list[str]:
+    L = ["| row | " + " | ".join(ts) + " | mean over templates | seeds |", "|---|" + "---|" * (len(ts) + 2)]
+    for name, row in r["rows"].items():
+        if not row.get(cells):
+            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed' if cells == 'cells' else 'not evaluated'} |")
+            continue
+        bt = r[by][name]
+        mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row[cells]))]
+        L.append(f"| {name} | " + " | ".join(_ms(bt.get(t, [])) for t in ts) + f" | {_ms(mean)} | "
+                 f"{', '.join(map(str, row['seeds']))} |")
+    return L
 
 
 def markdown_templates(r: dict) -> list[str]:
@@ -643,15 +669,12 @@ def markdown_templates(r: dict) -> list[str]:
          f"lrs {s['lr']}, lr decay {s['lr_decay']}. Exact match of the answer (teacher forced), mean over the lengths and the "
          f"depths outside the question's chunk, mean ± sd over seeds. '{r['unseen']}' is the template whose client the "
          "unseen run never trains.\n",
-         "| row | " + " | ".join(ts) + " | mean over templates | seeds |", "|---|" + "---|" * (len(ts) + 2)]
-    for name, row in r["rows"].items():
-        if not row["cells"]:
-            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed'} |")
-            continue
-        bt = r["by_template"][name]
-        mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row["cells"]))]
-        L.append(f"| {name} | " + " | ".join(_ms(bt.get(t, [])) for t in ts) + f" | {_ms(mean)} | "
-                 f"{', '.join(map(str, row['seeds']))} |")
+         *_templates_table(r, ts, "by_template", "cells")]
+    if "by_template_golds" in r:
+        L += ["", "Golds found (RULER's string-match-all, teacher forced: the fraction of a stream's gold values whose every "
+                  "token is the argmax; it differs from exact match only where a stream asks several values: multivalue "
+                  "and multiquery ask 4, whose golds other than the first lie anywhere, the question's chunk included, so a "
+                  "window alone can find some):", "", *_templates_table(r, ts, "by_template_golds", "gold_cells")]
     bt = r["by_template"]
     un = f"FedNL, {r['unseen']} unseen"
     if un in bt and r["unseen"] in bt[un]:

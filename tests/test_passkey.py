@@ -59,6 +59,54 @@ def test_every_template_stream_is_exact_and_its_gold_needle_sits_in_the_chunk_it
         assert tok.decode(s.ids[s.targets]).replace(",", "").replace(" ", "") == s.value.replace(", ", "")
 
 
+@pytest.mark.parametrize("name", ["multivalue", "multiquery", "single_3", "passkey"])
+def test_each_answer_token_is_marked_with_the_gold_it_spells_and_golds_found_counts_them(tok, name, monkeypatch):
+    """gold_of: the tokens marked k spell gold k, the rest of the targets are separators. scores: with every answer
+    token predicted, exact match 1 and every gold found; one token of one gold wrong: exact 0, that gold lost; a
+    separator wrong: exact 0, every gold found (RULER's string-match-all reads the values, not the commas)."""
+    from lightfed.models import streaming
+    o = PK.Options(templates=name, unit=128, window=128, lengths="4", depths="0", test_per_cell=2)
+    ss = PK.streams(o, tok, "eval", template=name)
+    golds = ss[0].value.split(", ")
+    if name == "passkey":
+        assert ss[0].gold_of is None
+    else:
+        g = ss[0].gold_of
+        assert [tok.decode(ss[0].ids[g == k]).strip() for k in range(len(golds))] == golds
+        assert set(tok.decode(ss[0].ids[ss[0].targets & (g < 0)]).replace(" ", "")) <= {","}
+        assert not ((g >= 0) & ~ss[0].targets).any()                       # a gold's tokens are all targets
+
+    class Oracle(torch.nn.Module):                  # the hidden state is the next token itself; lm_head one-hots it
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, h):                       # (n, 1) -> (n, vocab)
+            return torch.nn.functional.one_hot(h[:, 0].long(), len(tok)).float()
+
+    model = torch.nn.Module()
+    model.lm_head = Oracle()
+    wrong: dict[int, int] = {}                      # stream index -> position whose next-token prediction is wrong
+
+    def hidden(m, ids, window, targets=None, reset=False):
+        nxt = torch.cat([ids[:, 1:], ids[:, :1]], 1).clone()
+        for r in range(len(ids)):
+            i = next(i for i, s in enumerate(ss) if torch.equal(s.ids, ids[r]))
+            if i in wrong:
+                nxt[r, wrong[i] - 1] += 1
+        return nxt[..., None].float()
+    monkeypatch.setattr(streaming, "hidden", hidden)
+    assert PK.scores(model, ss[:2], 128) == [(1.0, 1.0), (1.0, 1.0)]
+    if name == "passkey":
+        return
+    t = torch.nonzero(ss[1].targets).flatten()
+    wrong[1] = int(t[(ss[1].gold_of[t] == 1)][0]) if len(golds) > 1 else int(t[0])
+    assert PK.scores(model, ss[:2], 128) == [(1.0, 1.0), (0.0, (len(golds) - 1) / len(golds))]
+    if len(golds) > 1:
+        wrong[1] = int(t[ss[1].gold_of[t] < 0][0])                           # a comma
+        assert PK.scores(model, ss[:2], 128) == [(1.0, 1.0), (0.0, 1.0)]
+
+
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_a_templates_size_bound_holds_for_every_draw_so_a_geometry_fails_for_every_seed_or_none(tok, split):
     """The draw-free bound (Builder.template_sizes) is never below what 300 draws of each template take; multiquery's

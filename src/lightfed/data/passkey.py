@@ -17,7 +17,7 @@ opens chunk 0, the asked key's (first) gold needle lies wholly inside chunk floo
 the template's other needles (more keys, more values, asked or not) at random places between the instruction and
 the question, the haystack Austen's tokens ("book"), the filler sentences ("filler") or distractor needles only
 ("needles"); the last chunk ends with the question and the answer " v1, v2, ...", whose non-blank tokens are the
-targets. Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
+targets, each marked with the gold value it spells (`gold_of`: RULER's string-match-all counts the golds found). Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
 Whether a template fits a chunk is decided on the most tokens any draw can take (Builder.template_sizes), so a
 geometry that fails, fails for every seed, before any stream is drawn.
 """
@@ -42,6 +42,8 @@ class Stream:
     depth: float
     needle_chunk: int
     value: str
+    gold_of: torch.Tensor | None = None    # (chunks x window,) int: the gold value a target token spells (0, 1, ...),
+                                           # -1 elsewhere (a separator, not a target); None: one gold, every target
 
 
 def chunk_of(chunks: int, depth: float) -> int:
@@ -169,7 +171,23 @@ class Builder:
         tgt = torch.zeros(T, dtype=torch.bool)
         for j, tok_id in enumerate(a):                                          # the answer's non-blank tokens
             tgt[T - len(a) + j] = self.tok.decode([tok_id]).strip() != ""
-        return Stream(torch.tensor(ids), tgt, chunks, depth, c, ", ".join(golds))
+        gold_of = torch.full((T,), -1, dtype=torch.long)
+        gold_of[T - len(a):] = torch.tensor(self._gold_of(a, golds))
+        return Stream(torch.tensor(ids), tgt, chunks, depth, c, ", ".join(golds), gold_of)
+
+    def _gold_of(self, a: list[int], golds: list[str]) -> list[int]:
+        """For each token of the answer " v1, v2, ...": the index of the gold value its characters fall in, or -1
+        (the separators), read off the decoded prefixes' lengths."""
+        ends = [len(self.tok.decode(a[:j + 1])) for j in range(len(a))]             # char end of token j
+        spans, at = [], 1                                                           # the answer opens with " "
+        for g in golds:
+            spans.append((at, at + len(g)))
+            at += len(g) + 2                                                        # ", "
+        out = []
+        for j, e in enumerate(ends):
+            b = ends[j - 1] if j else 0
+            out.append(next((k for k, (lo, hi) in enumerate(spans) if b < hi and e > lo), -1))
+        return out
 
     def _haystack(self, t: "niah.Template", n: int, rng: np.random.Generator, used: dict) -> list[int]:
         """n haystack tokens: a contiguous run of the split's text, the filler repeated, or distractor needles."""

@@ -117,12 +117,14 @@ def streams(o: Options, tok, split: str, validation: bool = False, template: str
 
 
 @torch.no_grad()
-def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, batch: int = 16) -> list[float]:
-    """1.0 per stream whose every answer digit is the argmax (teacher forcing), else 0.0. window 0: one chunk (full
-    attention). reset: the memory emptied at every chunk (the control)."""
+def scores(model, ss: list[P.Stream], window: int, reset: bool = False, batch: int = 16) -> list[tuple[float, float]]:
+    """Per stream (exact match, golds found): exact match = 1.0 when every answer token is the argmax given the
+    tokens before it (teacher forcing), else 0.0; golds found = the fraction of the stream's gold values whose
+    every token is (RULER's string-match-all, teacher-forced; = exact match for one gold). window 0: one chunk
+    (full attention). reset: the memory emptied at every chunk (the control)."""
     from lightfed.models import streaming
     dev = model.lm_head.weight.device
-    out = [0.0] * len(ss)
+    out = [(0.0, 0.0)] * len(ss)
     by_len: dict[tuple[int, int], list[int]] = {}
     for i, s in enumerate(ss):                      # a batch: one length and one answer size
         by_len.setdefault((len(s.ids), int(s.targets.sum())), []).append(i)
@@ -133,11 +135,19 @@ def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, bat
             tgt = torch.stack([ss[i].targets for i in rows]).to(dev)
             h = streaming.hidden(model, ids, window or T, targets=tgt, reset=reset)       # (B, T, d)
             sel = tgt[:, 1:]
-            pred = model.lm_head(h[:, :-1][sel]).argmax(-1).view(len(rows), -1)           # (B, digits)
-            gold = ids[:, 1:][sel].view(len(rows), -1)
-            for i, ok in zip(rows, (pred == gold).all(1).tolist()):
-                out[i] = float(ok)
+            pred = model.lm_head(h[:, :-1][sel]).argmax(-1).view(len(rows), -1)           # (B, answer tokens)
+            hit = pred == ids[:, 1:][sel].view(len(rows), -1)
+            for r, i in enumerate(rows):
+                g = ss[i].gold_of                                                       # (T,) or None: one gold
+                g = hit.new_zeros(hit.shape[1], dtype=torch.long) if g is None else g[1:][ss[i].targets[1:]].to(dev)
+                found = [bool(hit[r][g == k].all()) for k in range(int(g.max()) + 1)] or [bool(hit[r].all())]
+                out[i] = (float(hit[r].all()), sum(found) / len(found))
     return out
+
+
+def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, batch: int = 16) -> list[float]:
+    """1.0 per stream whose every answer token is the argmax (teacher forcing), else 0.0 (scores' first)."""
+    return [x for x, _ in scores(model, ss, window, reset, batch)]
 
 
 def cell(s: P.Stream) -> str:
