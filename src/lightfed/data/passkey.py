@@ -17,7 +17,8 @@ opens chunk 0, the asked key's (first) gold needle lies wholly inside chunk floo
 the template's other needles (more keys, more values, asked or not) at random places between the instruction and
 the question, the haystack Austen's tokens ("book"), the filler sentences ("filler") or distractor needles only
 ("needles"); the last chunk ends with the question and the answer " v1, v2, ...", whose non-blank tokens are the
-targets, each marked with the gold value it spells (`gold_of`: RULER's string-match-all counts the golds found). Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
+targets, each marked with the gold value it spells (`gold_of`: RULER's string-match-all counts the golds found).
+Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
 Whether a template fits a chunk is decided on the most tokens any draw can take (Builder.template_sizes), so a
 geometry that fails, fails for every seed, before any stream is drawn.
 """
