@@ -650,7 +650,8 @@ def _templates_table(r: dict, ts: list[str], by: str, cells: str) -> list[str]:
     L = ["| row | " + " | ".join(ts) + " | mean over templates | seeds |", "|---|" + "---|" * (len(ts) + 2)]
     for name, row in r["rows"].items():
         if not row.get(cells):
-            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed' if cells == 'cells' else 'not evaluated'} |")
+            gone = why(row["errors"][0]) if row["errors"] else "failed" if cells == "cells" else "not evaluated"
+            L.append(f"| {name} | " + " | ".join("-" for _ in ts) + f" | - | {gone} |")
             continue
         bt = r[by][name]
         mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row[cells]))]
