@@ -400,7 +400,7 @@ def main():
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
     ap.add_argument("--golds", action="store_true", help="templates: also score the golds found (RULER's string-match-"
-                    "all), one more evaluation of every model, kept beside it")
+                    "all), kept beside each model; from the same forward as exact match where that is not on disk yet")
     ap.add_argument("--rows", default="", help="passkey: ';'-separated row labels to train (default: all), e.g. "
                     "'FedNL;FedAvg+LoRA, windowed'")
     common.add_args(ap)

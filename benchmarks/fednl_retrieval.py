@@ -208,6 +208,21 @@ def cached(path: Path, key: dict, fn):
     return v
 
 
+def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
+    """cached() for an evaluation whose one pass gives two values (fn() -> (a, b)), each kept in its own file; paths[1]
+    None: only a is asked. What is missing is computed once for both; a value already on disk is kept as it is."""
+    want = [p for p in paths if p is not None]
+    got = [json.loads(p.read_text()) if p.is_file() else None for p in want]
+    if all(g is not None and g.get("key") == key for g in got):
+        return [g["value"] for g in got]
+    v = fn()
+    for p, g, x in zip(want, got, v):
+        if g is None or g.get("key") != key:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps({"key": key, "value": x}))
+    return [g["value"] if g is not None and g.get("key") == key else x for g, x in zip(got, v)]
+
+
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> dict:
     """{cell: exact match} on the pass key's test streams."""
     return template_cells(model, {**task_opts, "templates": "passkey"}, window, reset)["passkey"]
@@ -575,34 +590,41 @@ def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None
     return g
 
 
-def template_cells(model, task_opts: dict, window: int, reset: bool = False, golds: bool = False) -> dict:
-    """{template: {cell: exact match}} on the test streams of every template; golds: the fraction of gold values found
-    instead (RULER's string-match-all, teacher forced: differs from exact match where a stream asks several values)."""
+def template_scores(model, task_opts: dict, window: int, reset: bool = False) -> tuple[dict, dict]:
+    """({template: {cell: exact match}}, {template: {cell: golds found}}) on the test streams of every template, from
+    one forward: golds found = the fraction of gold values found (RULER's string-match-all, teacher forced; differs
+    from exact match where a stream asks several values)."""
     from lightfed import device
     from lightfed.models import backbones
     from lightfed.tasks import passkey
     o = passkey.Options(**task_opts)
     tok = backbones.smollm2_tokenizer()
     tok.model_max_length = 10**9
-    out = {}
+    out: tuple[dict, dict] = ({}, {})
     model.eval()
     for t in o.names():
         ss = passkey.streams(o, tok, "eval", template=t)
         with device.using("cpu", "bf16"):
-            xs = [x[golds] for x in passkey.scores(model, ss, window, reset=reset)]
-        cells: dict[str, list[float]] = {}
-        for s, x in zip(ss, xs):
-            cells.setdefault(passkey.cell(s), []).append(x)
-        out[t] = {k: float(np.mean(v)) for k, v in cells.items()}
+            xs = passkey.scores(model, ss, window, reset=reset)
+        for m in (0, 1):
+            cells: dict[str, list[float]] = {}
+            for s, x in zip(ss, xs):
+                cells.setdefault(passkey.cell(s), []).append(x[m])
+            out[m][t] = {k: float(np.mean(v)) for k, v in cells.items()}
     return out
+
+
+def template_cells(model, task_opts: dict, window: int, reset: bool = False, golds: bool = False) -> dict:
+    """{template: {cell: exact match}} (golds: the golds found instead); see template_scores."""
+    return template_scores(model, task_opts, window, reset)[golds]
 
 
 def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[str] | None = None,
                    from_runs: bool = False, golds: bool = False) -> dict:
     """Rows: FedNL (seven clients, a template each), its memory reset per chunk (the same models), FedNL with UNSEEN's
     client never trained, the frozen backbone windowed and with full attention, FedALA with full attention.
-    Each: {template: {cell: exact match}} per seed; golds: also the golds found ("gold_cells"), one more evaluation of
-    every model (kept beside it)."""
+    Each: {template: {cell: exact match}} per seed; golds: also the golds found ("gold_cells", kept beside each model;
+    from the same forward as exact match where that is not on disk yet, else one more)."""
     import torch
     from lightfed.engine.files import source_hash
     from lightfed.models import backbones
@@ -624,19 +646,19 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
         if name == "FedNL":
             rr = out.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
-            rr["cells"].append(cached(Path(s["out"]) / "eval-reset.json", key,
-                                      lambda s=s: template_cells(final_model(s), size["task"], TUNIT, reset=True)))
+            got = cached_pair((Path(s["out"]) / "eval-reset.json", Path(s["out"]) / "eval-golds-reset.json" if golds else None),
+                              key, lambda s=s: template_scores(final_model(s), size["task"], TUNIT, reset=True))
+            rr["cells"].append(got[0])
             if golds:
-                rr.setdefault("gold_cells", []).append(cached(Path(s["out"]) / "eval-golds-reset.json", key, lambda s=s: (
-                    template_cells(final_model(s), size["task"], TUNIT, reset=True, golds=True))))
+                rr.setdefault("gold_cells", []).append(got[1])
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "") / "templates"
     key = {"task": size["task"], "code": source_hash()}
     for name, window in (("backbone, windowed", TUNIT), ("backbone, full attention", 0)):
-        cells = cached(where / f"backbone-{window}.json", key, lambda: template_cells(back, size["task"], window))
-        out[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
+        got = cached_pair((where / f"backbone-{window}.json", where / f"backbone-golds-{window}.json" if golds else None),
+                          key, lambda: template_scores(back, size["task"], window))
+        out[name] = {"seeds": ["-"], "cells": [got[0]], "errors": [], "note": "no training: one evaluation (seed-free)"}
         if golds:
-            out[name]["gold_cells"] = [cached(where / f"backbone-golds-{window}.json", key,
-                                              lambda: template_cells(back, size["task"], window, golds=True))]
+            out[name]["gold_cells"] = [got[1]]
     # {row: {template: [per seed: mean exact match over the lengths and depths outside the question's chunk]}}
     def summary(k):
         return {name: {t: [float(np.mean(list(by_length(c[t]).values()))) for c in r[k]] for t in r[k][0]}

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from common import verdict  # noqa: E402
-from fednl_retrieval import cached, threshold_target  # noqa: E402
+from fednl_retrieval import cached, cached_pair, threshold_target  # noqa: E402
 from zoflite_claims import flops_claim  # noqa: E402
 
 
@@ -128,6 +128,19 @@ def test_cached_evaluations_are_redone_when_what_made_them_changes(tmp_path):
     assert cached(tmp_path / "e.json", {"code": "a"}, f(2)) == 1          # kept: same key, not recomputed
     assert cached(tmp_path / "e.json", {"code": "b"}, f(3)) == 3          # another code: computed afresh
     assert calls == [1, 3]
+
+
+def test_a_pair_of_evaluations_from_one_pass_is_computed_once_for_whatever_is_missing(tmp_path):
+    a, b, calls = tmp_path / "a.json", tmp_path / "b.json", []
+
+    def f(x, y):
+        return lambda: calls.append((x, y)) or (x, y)
+    assert cached_pair((a, None), {"code": "k"}, f(1, 2)) == [1]           # only a asked: b not written
+    assert not b.exists()
+    assert cached_pair((a, b), {"code": "k"}, f(5, 6)) == [1, 6]           # a kept as it was on disk, b from the pass
+    assert cached_pair((a, b), {"code": "k"}, f(7, 8)) == [1, 6]           # both on disk: no pass at all
+    assert cached_pair((a, b), {"code": "j"}, f(9, 10)) == [9, 10]         # another key: both afresh, one pass
+    assert calls == [(1, 2), (5, 6), (9, 10)]
 
 
 @pytest.mark.parametrize("size", ["cpu", "smoke"])
