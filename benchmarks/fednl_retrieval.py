@@ -446,9 +446,10 @@ def markdown_retrieval(r: dict) -> list[str]:
             same = ("yes (coincides)" if ref and ref["cells"] and ref["cells"] == row["cells"] else "no") if ref else "-"
             L.append(f"| {n} | {ins} | {dist} | {same} |")
     ib = r["inference_bytes"]
-    L += ["", "Inference memory held for the context (exact bytes, fp32): FedNL's memory state "
-          f"{ib['fednl_state_fp32']:,} B at every length, plus the {UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); "
-          "full attention's KV cache: " + ", ".join(f"{int(k) * UNIT} tokens {v / 2**20:.1f} MB" for k, v in ib["kv_cache_fp32"].items()) + ".", ""]
+    state = (f"{ib['fednl_state_fp32']:,} B at every length" if ib["fednl_state_fp32"] is not None   # None: no FedNL row ran
+             else "- (no FedNL row in this grid)")
+    L += ["", f"Inference memory held for the context (exact bytes, fp32): FedNL's memory state {state}, plus the "
+          f"{UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); full attention's KV cache: " + ", ".join(f"{int(k) * UNIT} tokens {v / 2**20:.1f} MB" for k, v in ib["kv_cache_fp32"].items()) + ".", ""]
     ret = r["retrieval"]
     if "FedNL" in ret:
         f = ret["FedNL"]

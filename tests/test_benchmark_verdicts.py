@@ -304,3 +304,18 @@ def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_a
     assert "Outgrown" not in md
     res["trivia"]["task_options"] = {**size["trivia"], "test_per_domain": 100}
     assert "**Outgrown:**" in F.markdown(res)
+
+
+def test_a_passkey_grid_without_a_fednl_row_renders_and_plots(tmp_path):
+    # a baseline collected alone (--rows 'FedAvg+LoRA, full attention' into a new --name) has no FedNL memory state
+    import json
+    import fednl_retrieval as R
+    p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
+    keep = "FedAvg+LoRA, full attention"
+    r = {**p, "rows": {keep: p["rows"][keep]}, "retrieval": {keep: p["retrieval"][keep]},
+         "ce": {**p["ce"], "curves": {}, "trend_last_vs_first": {}},
+         "inference_bytes": {**p["inference_bytes"], "fednl_state_fp32": None}}
+    md = "\n".join(R.markdown_retrieval(r))
+    assert "FedNL's memory state - (no FedNL row in this grid)" in md and f"| {keep} | 1.000" in md
+    R.plot_retrieval(r, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
