@@ -449,7 +449,8 @@ def markdown_retrieval(r: dict) -> list[str]:
     state = (f"{ib['fednl_state_fp32']:,} B at every length" if ib["fednl_state_fp32"] is not None   # None: no FedNL row ran
              else "- (no FedNL row in this grid)")
     L += ["", f"Inference memory held for the context (exact bytes, fp32): FedNL's memory state {state}, plus the "
-          f"{UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); full attention's KV cache: " + ", ".join(f"{int(k) * UNIT} tokens {v / 2**20:.1f} MB" for k, v in ib["kv_cache_fp32"].items()) + ".", ""]
+          f"{UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); full attention's KV cache: "
+          + ", ".join(f"{int(k) * UNIT} tokens {v / 2**20:.1f} MB" for k, v in ib["kv_cache_fp32"].items()) + ".", ""]
     ret = r["retrieval"]
     if "FedNL" in ret:
         f = ret["FedNL"]
