@@ -198,14 +198,7 @@ def add_run(rows: dict, name: str, c: dict, s: dict, cells) -> dict | None:
 def cached(path: Path, key: dict, fn):
     """fn()'s value, kept in `path` beside what made it (key): an evaluation of a finished run is not redone when the
     grid is collected again; a different key (task, CE size, code hash) computes it afresh."""
-    if path.is_file():
-        got = json.loads(path.read_text())
-        if got.get("key") == key:
-            return got["value"]
-    v = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "value": v}))
-    return v
+    return cached_pair((path, None), key, lambda: (fn(),))[0]
 
 
 def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
@@ -213,14 +206,14 @@ def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
     None: only a is asked. What is missing is computed once for both; a value already on disk is kept as it is."""
     want = [p for p in paths if p is not None]
     got = [json.loads(p.read_text()) if p.is_file() else None for p in want]
-    if all(g is not None and g.get("key") == key for g in got):
-        return [g["value"] for g in got]
-    v = fn()
-    for p, g, x in zip(want, got, v):
-        if g is None or g.get("key") != key:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps({"key": key, "value": x}))
-    return [g["value"] if g is not None and g.get("key") == key else x for g, x in zip(got, v)]
+    got = [g if g is not None and g.get("key") == key else None for g in got]     # made by something else: missing
+    if any(g is None for g in got):
+        for i, (p, x) in enumerate(zip(want, fn())):
+            if got[i] is None:
+                got[i] = {"key": key, "value": x}
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(json.dumps(got[i]))
+    return [g["value"] for g in got]
 
 
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> dict:
