@@ -47,20 +47,20 @@ def test_trivia():
 
 
 def test_trivia_balanced_test_set_per_domain_keeps_training_as_it_was():
-    """test_per_domain: every kept domain judged on as many questions (400: one question = 0.25 pp), disjoint from
+    """test_per_domain: every kept domain judged on as many questions (500: one question = 0.2 pp), disjoint from
     training, and training the same questions as the plain split's; too few questions left fail before any work."""
     from lightfed.config import ConfigError
     from lightfed.tasks import trivia
     need(D.load_trivia)
     qs = list(trivia.questions(trivia.Options()))
     big = "arts_entertainment,general_history,sports,video_games"
-    tr, te = trivia.split(qs, trivia.Options(train_size=2000, test_per_domain=400, domains=big))
+    tr, te = trivia.split(qs, trivia.Options(train_size=2000, test_per_domain=500, domains=big))
     plain_tr, _ = trivia.split(qs, trivia.Options(train_size=2000, test_size=500))
     assert tr == plain_tr
-    assert collections.Counter(D.subject_domain(q[3]) for q in te) == {d: 400 for d in big.split(",")}
+    assert collections.Counter(D.subject_domain(q[3]) for q in te) == {d: 500 for d in big.split(",")}
     assert not {q[0] for q in te} & {q[0] for q in tr}
-    with pytest.raises(ConfigError, match="science_tech"):       # 282 questions in all: 400 cannot be held out
-        trivia.split(qs, trivia.Options(train_size=2000, test_per_domain=400))
+    with pytest.raises(ConfigError, match="science_tech"):       # 282 questions in all: 500 cannot be held out
+        trivia.split(qs, trivia.Options(train_size=2000, test_per_domain=500))
     with pytest.raises(ConfigError, match="unknown domains"):
         trivia.Options(domains="sports,cooking").check()
 

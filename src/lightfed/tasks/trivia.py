@@ -41,9 +41,17 @@ class Options:
 def split(questions, o: Options) -> tuple[list, list]:
     """(train, test) from the questions in their shuffled order: the first train_size to training, then the next
     test_size to the test set; or, with test_per_domain, the next test_per_domain of every domain (balanced: each
-    domain judged on as many; training the same either way)."""
+    domain judged on as many; training the same either way). A test question whose text came earlier in the
+    stream is skipped (11 are asked twice, e.g. a capital under two subjects): no test question is a training one."""
     questions = iter(questions)
     train = list(itertools.islice(questions, o.train_size))
+    seen = {q[0] for q in train}
+
+    def unseen(q):
+        new = q[0] not in seen
+        seen.add(q[0])
+        return new
+    questions = filter(unseen, questions)
     if not o.test_per_domain:
         test = list(itertools.islice(questions, o.test_size))
         if len(train) + len(test) < o.train_size + o.test_size:
