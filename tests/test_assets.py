@@ -46,6 +46,19 @@ def test_trivia():
     assert geo["answers"] == ["Asia"] and geo["subject"] == "geography"
 
 
+def test_trivia_split_never_tests_a_question_asked_before():
+    """A question asked twice in the data (a capital under two subjects) lands in training once; its second copy is
+    skipped, not tested, and the test set is still as large as asked (plain and balanced)."""
+    from lightfed.tasks import trivia
+    q = lambda text, subject: (f"Question: {text}\nAnswer:", ["a", "b", "c", "d"], 0, subject)   # noqa: E731
+    qs = [q("capital of Canada?", "geography"), q("who won?", "sports"), q("capital of Canada?", "worldcapitals"),
+          q("who scored?", "sports"), q("capital of Peru?", "geography"), q("who won?", "nba")]
+    tr, te = trivia.split(qs, trivia.Options(train_size=2, test_size=2))
+    assert [x[0] for x in te] == [qs[3][0], qs[4][0]]
+    tr, te = trivia.split(qs, trivia.Options(train_size=2, test_per_domain=1, domains="geography,sports"))
+    assert sorted(x[0] for x in te) == sorted([qs[3][0], qs[4][0]])
+
+
 def test_trivia_balanced_test_set_per_domain_keeps_training_as_it_was():
     """test_per_domain: every kept domain judged on as many questions (500: one question = 0.2 pp), disjoint from
     training, and training the same questions as the plain split's; too few questions left fail before any work."""
