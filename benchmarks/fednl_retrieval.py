@@ -526,12 +526,20 @@ def plot_retrieval(r: dict, path) -> None:
             xs = [(ib["fednl_state_fp32"] + ib["window_kv_fp32"]) / 2**20] * len(lens)
         else:
             xs = [ib["window_kv_fp32"] / 2**20] * len(lens)
-        ax.plot(xs, ys, "o-", color=f"C{i}", label=name)
+        ax.plot(xs, ys, "o-", color=plt.cm.tab20(i % 20), label=name)     # 20 colours: a row each
         for x, y, L in zip(xs, ys, lens):
             ax.annotate(str(L * UNIT), (x, y), fontsize=5)
     ax.set_xscale("log")
     ax.set(xlabel="inference memory for the context (MB, fp32)", ylabel="exact match, needles outside the question's chunk")
-    ax.legend(fontsize=5)
+    spare = iter(axes[len(rows) + extra:])      # the grid's unused cells hold the legends, off the data
+
+    def legend(ax, title):
+        where = next(spare, None)
+        if where is None:
+            ax.legend(fontsize=5)
+        else:
+            where.legend(*ax.get_legend_handles_labels(), fontsize=6, loc="upper left", title=title, title_fontsize=7)
+    legend(ax, "exact match vs memory")
     if extra == 2:
         ax = axes[len(rows) + 1]
         for i, (name, vs) in enumerate(ce["curves"].items()):
@@ -540,7 +548,7 @@ def plot_retrieval(r: dict, path) -> None:
                 ax.plot(xs, v, "-", color=f"C{i}", alpha=0.8, label=name if j == 0 else None)
         ax.set(xlabel="position in the stream (tokens)", ylabel="next-token CE (per bucket)")
         ax.set_title(f"CE along {ce['tokens']:,} tokens, {ce['window']}-token chunks", fontsize=7)
-        ax.legend(fontsize=5)
+        legend(ax, "CE along the stream")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
