@@ -65,7 +65,7 @@ def _run_one(args):
         return {"label": label, "error": repr(e), "config": cfg_dict}
     s["label"] = label
     (Path(cfg_dict["out"]) / "bench.json").write_text(json.dumps(cfg_dict))   # the config the benchmark asked for
-    print(f"[bench] done {label}: {s['metric']} {s['initial']:.4f} -> {s['final']:.4f} in {time.time() - t:.0f} s",
+    print(f"[bench] done {label}: {s['metric']} {'-' if s['initial'] is None else format(s['initial'], '.4f')} -> {s['final']:.4f} in {time.time() - t:.0f} s",
           file=sys.stderr, flush=True)
     return s
 

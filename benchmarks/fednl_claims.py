@@ -54,11 +54,12 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
             "austen": {"block_len": 1024, "train_blocks": 24, "test_blocks": 6},
             "rounds": 2,
             "trivia": {"train_size": 1000, "test_per_domain": 500, "domains": TRIVIA_DOMAINS, "max_len": 32}, "local_steps": 4, "batch": 2,
-            "trivia_run": {"rounds": 3, "eval_every": 3, "local_steps": 10, "batch_size": 4}},
+            "trivia_run": {"rounds": 3, "eval_every": 3, "local_steps": 10, "batch_size": 4, "eval_start": False}},
     "gpu": {"lengths": [1024, 2048, 4096, 8192, 16384], "ce_tokens": 16384, "ce_bucket": 1024,
             "austen": {"block_len": 2048, "train_blocks": 240, "test_blocks": 12},
             "rounds": 10,
-            "trivia": {"train_size": 2000, "test_per_domain": 500, "domains": TRIVIA_DOMAINS, "max_len": 48}, "local_steps": 20, "batch": 8},
+            "trivia": {"train_size": 2000, "test_per_domain": 500, "domains": TRIVIA_DOMAINS, "max_len": 48}, "local_steps": 20, "batch": 8,
+            "trivia_run": {"eval_start": False}},
 }
 RECIPE = {"layers": "auto", "n_layers": 5, "gate": 0.0}   # FedNL's options in the passkey grid: its defaults, which
                                                           # the recipe part found to work (see the recipe table)
@@ -186,6 +187,8 @@ def part_ce(size: dict, seeds, workers) -> dict:
 
 def ms(xs):
     xs = [x for x in xs if x is not None]
+    if not xs:
+        return (None, None, 0)
     return (float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0, len(xs))
 
 
@@ -227,12 +230,31 @@ def part_trivia(size, seeds, workers) -> dict:
                               if len(c["domains"]) == 1 and (s["config"]["seed"], c["domains"][0]) in local]))
                for s in ok if s.get("per_client") and s["method"] != "local_only" and personalised(s["method"])]
         out[name] = {"method": ok[0]["method"] if ok else None, "personalised": personalised(ok[0]["method"]) if ok else None,
-                     "mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok]), "per_domain": per_dom,
+                     "mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok if s["initial"] is not None]), "per_domain": per_dom,
                      "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
                      "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
                      "errors": [s["error"] for s in ss if "error" in s]}
-    return {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out}
+    res = {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out}
+    if not size.get("trivia_run", {}).get("eval_start", True):
+        res["backbone"] = backbone_trivia(size)
+    return res
+
+
+def backbone_trivia(size) -> dict:
+    """The pretrained backbone on the test set, scored once: round 0 of every run of the grid (each method starts
+    from it: adapters at zero, FedNL's gate at 0; the test set depends on the data seed only), which the runs skip."""
+    import torch
+    from lightfed import tasks
+    from lightfed.engine import local
+    torch.set_num_threads(2)
+    if FROM_RUNS and (RESULTS / "fednl_claims.json").exists():        # collected before with these task options
+        prior = json.loads((RESULTS / "fednl_claims.json").read_text()).get("trivia", {})
+        if prior.get("backbone") and prior.get("task_options") == size["trivia"]:
+            return prior["backbone"]
+    T = tasks.build("trivia", size["trivia"], 0)
+    t = time.time()
+    return {**local.evaluate(T, T.model), "seconds": time.time() - t}
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -246,7 +268,7 @@ def by_method(trend: dict[str, float]) -> dict[str, list[float]]:
 
 def fmt(x, nd=3):
     if isinstance(x, (list, tuple)) and len(x) == 3:
-        return f"{x[0]:.{nd}f} ± {x[1]:.{nd}f} (n={x[2]})"
+        return "-" if not x[2] else f"{x[0]:.{nd}f} ± {x[1]:.{nd}f} (n={x[2]})"
     return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
 
 
@@ -315,7 +337,10 @@ def markdown(res: dict) -> str:
         t = res["trivia"]
         ms_ = t["methods"]
         L += ["## Trivia by domain: accuracy\n", "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
-        L += [f"| {name} | {fmt(r['initial'])} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |" for name, r in ms_.items()]
+        bb = t.get("backbone")     # round 0 scored once: every run starts from the pretrained backbone
+        start = f"{bb['accuracy']:.3f} (the backbone, scored once)" if bb else "-"
+        L += [f"| {name} | {fmt(r['initial']) if r['initial'][2] else start} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |"
+              for name, r in ms_.items()]
         missing = {n: len(r["errors"]) for n, r in ms_.items() if r.get("errors")}
         if missing:
             L += ["", "Runs missing (failed, or not run when the grid was stopped): " + "; ".join(

@@ -302,6 +302,11 @@ def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_a
     assert table["| FedALA (p = every layer)"].endswith("| 0.030, 0.030, 0.030 |")
     assert "than FedAvg+LoRA's" in md and "than FedALA" not in md
     assert "Outgrown" not in md
+    # runs that skipped round 0 (eval_start False) show the backbone's one score there
+    assert "| FedNL | 0.300 ± 0.000 (n=3) |" in md and "(the backbone, scored once)" not in md
+    rows["FedNL"]["initial"] = F.ms([None, None, None])
+    res["trivia"]["backbone"] = {"accuracy": 0.33, "per_domain": {"sports": 0.33}}
+    assert "| FedNL | 0.330 (the backbone, scored once) |" in F.markdown(res)
     res["trivia"]["task_options"] = {**size["trivia"], "test_per_domain": 100}
     assert "**Outgrown:**" in F.markdown(res)
 

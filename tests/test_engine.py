@@ -53,6 +53,18 @@ def test_same_config_same_result(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_eval_start_false_skips_only_the_round_0_evaluation(tmp_path):
+    """A grid whose runs all start from one pretrained model scores it once itself; the runs then train the same."""
+    a = local.run(tiny_config("fmnist", "fedavg", tmp_path / "a"), log=lambda *a: None)
+    b = local.run(tiny_config("fmnist", "fedavg", tmp_path / "b", eval_start=False), log=lambda *a: None)
+    assert a["initial"] is not None and b["initial"] is None
+    assert b["history"] == a["history"][1:] and b["final"] == a["final"]
+    assert all(torch.equal(x, y) for x, y in zip(_final_state(tmp_path / "a").values(), _final_state(tmp_path / "b").values()))
+    assert "accuracy" not in json.loads((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()[0])
+    with pytest.raises(C.ConfigError, match="eval_start"):
+        C.from_dict({**tiny_config("fmnist", "fedavg").to_dict(), "eval_start": "no"})
+
+
 def test_holdout_clients_never_train_and_the_rest_draw_as_before():
     from lightfed import config as C
     base = C.from_dict({"clients": 7, "fraction": 0.5})

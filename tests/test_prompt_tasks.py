@@ -63,3 +63,26 @@ def test_real_smollm2_zero_shot_is_above_chance():
     acc = T.evaluate(T.model, T.test)
     print(f"zero-shot accuracy {acc:.3f}")
     assert acc > 0.58, acc          # chance is 0.5; 0.58 is 2.3 standard errors above it at n = 200
+
+
+@pytest.mark.parametrize("name,opts", [("fedavg", {}), ("lora", {}), ("fednl", {"layers": "0,1"})])
+def test_shared_prompt_option_scores_equal_the_plain_ones(name, opts):
+    """Trivia's evaluation runs each question's prompt once (KV cache and FedNL's memory state repeated per option):
+    the same scores as every option's own full forward, with trained (non-zero) adapters, FedNL's gate open, and a
+    question whose options do not share a prompt (scored the plain way)."""
+    from lightfed.models.lm import option_scores, option_scores_shared
+    T = tiny_task("trivia")
+    model = methods.build(tiny_config("trivia", name, method_options=opts)).prepare(copy.deepcopy(T.model)).eval()
+    g = torch.Generator().manual_seed(0)
+    b = {k: v.clone() for k, v in T.test.items()}
+    first = b["target_mask"].int().argmax(-1)
+    assert bool((first == first[:, :1]).all())                          # trivia's encoding: one prompt for all options
+    b["input_ids"][0, 2, 0] = (b["input_ids"][0, 2, 0] + 1) % 100         # question 0: one option's prompt differs
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+        plain = option_scores(model, b["input_ids"], b["attention_mask"], b["target_mask"])
+        shared = option_scores_shared(model, b["input_ids"], b["attention_mask"], b["target_mask"], batch=3)
+    assert (plain - option_scores(T.model, b["input_ids"], b["attention_mask"], b["target_mask"])).abs().max() > 1e-2
+    assert torch.allclose(shared, plain, atol=1e-4), (shared - plain).abs().max()

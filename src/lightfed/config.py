@@ -41,6 +41,8 @@ class RunConfig:
     optimizer: str = "adamw"        # adamw | sgd
     weight_decay: float = 0.0
     eval_every: int = 1
+    eval_start: bool = True         # False: no evaluation at round 0 (e.g. a grid whose runs all start from one pretrained
+                                    # model, scored once by itself); the summary's `initial` is then None
     max_message_bytes: int = 2**30          # decode refuses anything larger (SmolLM2 in fp32: 538 MB)
     robust: str = "mean"                    # aggregation: mean | median | trim:F (coordinate-wise) | clip:C (update norm)
     max_examples: int = 1_000_000           # the most training examples a client may claim (`_n`, its aggregation

@@ -30,7 +30,7 @@ def results_table(summaries: list[dict]) -> str:
     rows = []
     for s in summaries:
         b, m = s["bytes"], s["memory"]
-        rows.append({"task": s["task"], "method": s["method"], s["metric"]: f"{s['initial']:.4f} -> {s['final']:.4f}",
+        rows.append({"task": s["task"], "method": s["method"], s["metric"]: f"{'-' if s['initial'] is None else format(s['initial'], '.4f')} -> {s['final']:.4f}",
                      "up / client / round": human_bytes(b["up_per_client_round"]),
                      "down / client / round": human_bytes(b["down_per_client_round"]),
                      "trainable": f"{s['trainable_params']:,}",

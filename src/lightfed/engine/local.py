@@ -265,7 +265,7 @@ def begin(cfg: C.RunConfig, resume: bool, log, engine: str = ""):
     else:
         start, state, client_states = 0, S.method.init_state(S.model), {}
         S.method.load(S.model, P.received(S.method, state, 0, cfg.max_message_bytes))
-        history = [{"round": 0, **evaluate(S.task, S.model, cfg)}]
+        history = [{"round": 0, **(evaluate(S.task, S.model, cfg) if cfg.eval_start else {})}]
     rewrite_metrics(out, history, start, resume)
     return S, out, start, state, client_states, history
 
@@ -367,7 +367,7 @@ def summarize(cfg: C.RunConfig, S: Setup, history: list, wall: float) -> dict:
     server_s = sum(h["time"].get("server", 0) for h in rounds)
     return {
         "task": cfg.task, "method": cfg.method, "config": cfg.to_dict(), "code": source_hash(),
-        "metric": metric, "final": evals[-1][metric], "initial": history[0][metric],
+        "metric": metric, "final": evals[-1][metric], "initial": history[0].get(metric),
         "history": [{"round": h["round"], metric: h[metric]} for h in evals],
         "per_domain": evals[-1].get("per_domain"), "cells": evals[-1].get("cells"),
         "trainable_params": S.info["trainable_params"], "model_params": S.info["model_params"], "lr": S.info["lr"],

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lightfed.config import ConfigError
 from lightfed.data import datasets
 from lightfed.models import backbones
-from lightfed.models.lm import option_scores
+from lightfed.models.lm import option_scores, option_scores_shared
 from lightfed.tasks.base import Task, accuracy, eval_mode
 
 
@@ -108,9 +108,10 @@ def build(o: Options, seed: int) -> Task:
         tmask = torch.zeros((n, 4, L), dtype=torch.bool)
         for i, (prompt, opts, _, _) in enumerate(qs):
             p = tok(prompt, add_special_tokens=False)["input_ids"]
-            for k, a in enumerate(opts):
-                t = tok(" " + a, add_special_tokens=False)["input_ids"][: L // 2]
-                seq = (p[-(L - len(t)):] + t) if len(p) + len(t) > L else p + t   # keep the answer, cut the question's start
+            ts = [tok(" " + a, add_special_tokens=False)["input_ids"][: L // 2] for a in opts]
+            p = p[-(L - max(map(len, ts))):]        # keep the answers, cut the question's start: one prompt for all options
+            for k, t in enumerate(ts):
+                seq = p + t
                 ids[i, k, : len(seq)] = torch.tensor(seq)
                 attn[i, k, : len(seq)] = 1
                 tmask[i, k, len(seq) - len(t): len(seq)] = True
@@ -124,7 +125,7 @@ def build(o: Options, seed: int) -> Task:
 
     @eval_mode
     def evaluate(m, data):
-        return accuracy(lambda b: option_scores(m, b["input_ids"], b["attention_mask"], b["target_mask"]), data, 32)
+        return accuracy(lambda b: option_scores_shared(m, b["input_ids"], b["attention_mask"], b["target_mask"]), data, max(1, len(data["labels"])))
 
     train = encode(train_q)
     domains = np.array([datasets.subject_domain(q[3]) for q in train_q])
