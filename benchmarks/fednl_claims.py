@@ -199,12 +199,32 @@ def personalised(method: str) -> bool:
     return bool(REGISTRY[method].personalised)
 
 
-def part_trivia(size, seeds, workers) -> dict:
+def slim(s: dict) -> dict:
+    """What the trivia tables need of one finished run, kept in the results: a later command adds seeds to them."""
+    return {"method": s["method"], "seed": s["config"]["seed"], "code": s.get("code"), "final": s["final"],
+            "initial": s["initial"], "per_domain": s.get("per_domain"), "per_client": s.get("per_client"),
+            "up": s["bytes"]["up_per_client_round"]}
+
+
+def part_trivia(size, seeds, workers, prior: dict | None = None) -> dict:
+    """prior: the trivia part stored before; its runs join this grid's where the setting is the same (the runs of
+    other seeds, or of this grid's that did not finish now)."""
     clients = len(size["trivia"]["domains"].split(",")) if "domains" in size["trivia"] else 5     # one per domain
     g, sums = grid(size, "trivia", size["trivia"], clients, seeds, METHODS, "trivia", workers)
-    by = {}
+    same = prior and (prior.get("task_options"), prior.get("run", {})) == (size["trivia"], size.get("trivia_run", {}))
+    runs = dict(prior.get("runs", {})) if same else {}
     for (label, _), s in zip(g, sums):
-        by.setdefault(label.split(" ", 1)[1].rsplit(" ", 1)[0], []).append(s)
+        if "error" not in s:
+            runs[label] = slim(s)
+        elif label not in runs:
+            runs[label] = s
+    keep = [m[0] for m in METHODS]
+    by = {}
+    for label, s in sorted(runs.items(), key=lambda kv: int(kv[0].rsplit(" s", 1)[1])):
+        name = label.split(" ", 1)[1].rsplit(" ", 1)[0]
+        if name in keep:
+            by.setdefault(name, []).append(s)
+    by = {n: by[n] for n in keep if n in by}
     # aggregation drop per domain: the local-only client's own model on its domain minus the federated model there
     local = {}
     for s in by.get("local-only", []):
@@ -212,32 +232,32 @@ def part_trivia(size, seeds, workers) -> dict:
             continue
         for c in s["per_client"].values():
             if len(c["domains"]) == 1:
-                local.setdefault((s["config"]["seed"], c["domains"][0]), c["accuracy"])
+                local.setdefault((s["seed"], c["domains"][0]), c["accuracy"])
     out = {}
     for name, ss in by.items():
         ok = [s for s in ss if "error" not in s]
         doms = sorted({d for s in ok for d in (s.get("per_domain") or {})})
         per_dom = {d: ms([s["per_domain"][d] for s in ok]) for d in doms}
-        drop = {d: ms([local[(s["config"]["seed"], d)] - s["per_domain"][d] for s in ok if (s["config"]["seed"], d) in local])
-                for d in doms if any((s["config"]["seed"], d) in local for s in ok)}
+        drop = {d: ms([local[(s["seed"], d)] - s["per_domain"][d] for s in ok if (s["seed"], d) in local])
+                for d in doms if any((s["seed"], d) in local for s in ok)}
         # per seed: the mean |drop| over the domains (what "closer to zero" compares), and personalised models' own scores
-        abs_drop = [float(np.mean([abs(local[(s["config"]["seed"], d)] - s["per_domain"][d]) for d in doms
-                                   if (s["config"]["seed"], d) in local])) for s in ok
-                    if any((s["config"]["seed"], d) in local for d in doms)]
+        abs_drop = [float(np.mean([abs(local[(s["seed"], d)] - s["per_domain"][d]) for d in doms
+                                   if (s["seed"], d) in local])) for s in ok
+                    if any((s["seed"], d) in local for d in doms)]
         personal = [float(np.mean([c["accuracy"] for c in s["per_client"].values()])) for s in ok if s.get("per_client")]
         # personalised methods: the drop of the model each client itself holds (its per-client score) on its domain
-        own = [float(np.mean([abs(local[(s["config"]["seed"], c["domains"][0])] - c["accuracy"]) for c in s["per_client"].values()
-                              if len(c["domains"]) == 1 and (s["config"]["seed"], c["domains"][0]) in local]))
+        own = [float(np.mean([abs(local[(s["seed"], c["domains"][0])] - c["accuracy"]) for c in s["per_client"].values()
+                              if len(c["domains"]) == 1 and (s["seed"], c["domains"][0]) in local]))
                for s in ok if s.get("per_client") and s["method"] != "local_only" and personalised(s["method"])]
         out[name] = {"method": ok[0]["method"] if ok else None, "personalised": personalised(ok[0]["method"]) if ok else None,
                      "mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok if s["initial"] is not None]), "per_domain": per_dom,
                      "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
-                     "drop": drop, "up_bytes": ok[0]["bytes"]["up_per_client_round"] if ok else None,
+                     "drop": drop, "up_bytes": ok[0]["up"] if ok else None,
                      "errors": [s["error"] for s in ss if "error" in s]}
-    res = {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out}
+    res = {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out, "runs": runs}
     if not size.get("trivia_run", {}).get("eval_start", True):
-        res["backbone"] = backbone_trivia(size)
+        res["backbone"] = prior["backbone"] if same and prior.get("backbone") else backbone_trivia(size)
     return res
 
 
@@ -248,10 +268,6 @@ def backbone_trivia(size) -> dict:
     from lightfed import tasks
     from lightfed.engine import local
     torch.set_num_threads(2)
-    if FROM_RUNS and (RESULTS / "fednl_claims.json").exists():        # collected before with these task options
-        prior = json.loads((RESULTS / "fednl_claims.json").read_text()).get("trivia", {})
-        if prior.get("backbone") and prior.get("task_options") == size["trivia"]:
-            return prior["backbone"]
     T = tasks.build("trivia", size["trivia"], 0)
     t = time.time()
     return {**local.evaluate(T, T.model), "seconds": time.time() - t}
@@ -466,7 +482,7 @@ def main():
                   "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
                                                         set(a.rows.split(";")) if a.rows else None, a.from_runs, a.golds),
                   "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
-                  "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
+                  "trivia": lambda: part_trivia(size, seeds, a.workers, prior.get("trivia"))}[p]()
         merged = p == "passkey" and a.rows and "passkey" in prior    # rows run alone join the grid collected before
         if merged:
             res[p] = R.merge(prior[p], res[p])

@@ -324,3 +324,34 @@ def test_a_passkey_grid_without_a_fednl_row_renders_and_plots(tmp_path):
     assert "FedNL's memory state - (no FedNL row in this grid)" in md and f"| {keep} | 1.000" in md
     R.plot_retrieval(r, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_trivia_grid_keeps_the_runs_stored_before_and_adds_new_seeds(monkeypatch):
+    """Seeds run by separate commands add up: the stored part's runs join the new grid's (same setting only); a run
+    that did not finish now keeps its stored result; the backbone is scored once."""
+    import fednl_claims as F
+    size = F.SIZES["cpu"]
+    doms = size["trivia"]["domains"].split(",")
+
+    def summary(method, seed, acc):
+        return {"method": method, "config": {"seed": seed}, "final": acc, "initial": None, "code": "x",
+                "per_domain": {d: acc for d in doms}, "bytes": {"up_per_client_round": 7},
+                "per_client": {str(i): {"accuracy": acc + 0.1, "domains": [d]} for i, d in enumerate(doms)}
+                if method in ("fedala", "local_only") else None}
+
+    def fake_grid(size_, task, to, clients, seeds, methods, tag, workers):
+        g = [(f"trivia {label} s{seed}", {}) for seed in seeds for label, _, _ in methods]
+        return g, [summary(m, seed, [0.4, 0.5, 0.6][seed]) if seed != 1 or m != "fednl" else {"error": "not run"}
+                   for seed in seeds for _, m, _ in methods]
+    monkeypatch.setattr(F, "grid", fake_grid)
+    monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.33, "per_domain": {}})
+    first = F.part_trivia(size, [0, 1], 1)
+    assert first["methods"]["FedNL"]["finals"] == [0.4] and first["methods"]["FedNL"]["errors"] == ["not run"]
+    assert first["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5]
+    monkeypatch.setattr(F, "backbone_trivia", lambda s: pytest.fail("the backbone was scored again"))
+    later = F.part_trivia(size, [2], 1, first)
+    assert later["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5, 0.6] and later["methods"]["FedNL"]["finals"] == [0.4, 0.6]
+    assert later["methods"]["local-only"]["personal"][2] == 3 and later["backbone"]["accuracy"] == 0.33
+    other = {**first, "task_options": {**first["task_options"], "test_per_domain": 100}}   # another setting: not merged
+    monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.3, "per_domain": {}})
+    assert F.part_trivia(size, [2], 1, other)["methods"]["FedAvg+LoRA"]["finals"] == [0.6]
