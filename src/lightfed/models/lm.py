@@ -39,8 +39,8 @@ def option_scores_shared(lm: nn.Module, ids, attn, tmask, batch: int = 32) -> to
     """option_scores with each question's prompt run once and shared by its K options (the attention's KV cache and
     FedNL's memory state after the prompt, repeated K times): the same scores to float error, the prompt's tokens
     computed once instead of K times (trivia: a ~20-token prompt, ~3-token options, ~3x fewer tokens).
-    ids, attn, tmask: (B, K, L) right-padded -> (B, K). A question whose K rows do not begin with the same prompt
-    (one cut to fit L) is scored by option_scores. Questions are grouped by prompt length (no prompt is padded) and
+    ids, attn, tmask: (B, K, L) right-padded -> (B, K). A question whose K rows do not begin with the same unpadded
+    prompt is scored by option_scores. Questions are grouped by prompt length (no prompt is padded) and
     batched by their longest option (little option padding)."""
     from transformers import DynamicCache
     from lightfed.models import delta_memory
@@ -50,7 +50,7 @@ def option_scores_shared(lm: nn.Module, ids, attn, tmask, batch: int = 32) -> to
     groups: dict[int, list[int]] = {}
     for i in range(B):
         lp = int(first[i, 0])
-        if lp > 0 and bool((first[i] == lp).all()) and bool((ids[i, :, :lp] == ids[i, :1, :lp]).all()):
+        if lp > 0 and bool((first[i] == lp).all()) and bool((ids[i, :, :lp] == ids[i, :1, :lp]).all()) and bool(attn[i, :, :lp].all()):
             groups.setdefault(lp, []).append(i)
     rest = sorted(set(range(B)) - {i for g in groups.values() for i in g})
     if rest:
