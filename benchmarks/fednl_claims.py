@@ -199,11 +199,17 @@ def personalised(method: str) -> bool:
     return bool(REGISTRY[method].personalised)
 
 
-def slim(s: dict) -> dict:
-    """What the trivia tables need of one finished run, kept in the results: a later command adds seeds to them."""
+def slim(s: dict, ref: dict | None) -> dict:
+    """What the trivia tables need of one finished run, kept in the results (a later command adds seeds to them): its
+    scores, and a baseline's own mechanism at work (fednl_retrieval.INTERNALS) with the relative distance of its final
+    adapters from FedAvg+LoRA's (ref: that run, same seed)."""
+    opts = s["config"].get("method_options") or {}
+    slug = "fedprox" if s["method"] == "lora" and opts.get("mu") else s["method"]
     return {"method": s["method"], "seed": s["config"]["seed"], "code": s.get("code"), "final": s["final"],
             "initial": s["initial"], "per_domain": s.get("per_domain"), "per_client": s.get("per_client"),
-            "up": s["bytes"]["up_per_client_round"]}
+            "up": s["bytes"]["up_per_client_round"],
+            "internals": R.internals(s, slug) if slug in R.INTERNALS else None,
+            "distance_from_fedavg_lora": R.adapter_distance(s, ref) if ref and slug in R.INTERNALS else None}
 
 
 def part_trivia(size, seeds, workers, prior: dict | None = None) -> dict:
@@ -213,9 +219,11 @@ def part_trivia(size, seeds, workers, prior: dict | None = None) -> dict:
     g, sums = grid(size, "trivia", size["trivia"], clients, seeds, METHODS, "trivia", workers)
     same = prior and (prior.get("task_options"), prior.get("run", {})) == (size["trivia"], size.get("trivia_run", {}))
     runs = dict(prior.get("runs", {})) if same else {}
+    lora = {s["config"]["seed"]: s for s in sums if "error" not in s and s["method"] == "lora"
+            and not (s["config"].get("method_options") or {}).get("mu")}
     for (label, _), s in zip(g, sums):
         if "error" not in s:
-            runs[label] = slim(s)
+            runs[label] = slim(s, lora.get(s["config"]["seed"]))
         elif label not in runs:
             runs[label] = s
     keep = [m[0] for m in METHODS]
@@ -249,7 +257,10 @@ def part_trivia(size, seeds, workers, prior: dict | None = None) -> dict:
         own = [float(np.mean([abs(local[(s["seed"], c["domains"][0])] - c["accuracy"]) for c in s["per_client"].values()
                               if len(c["domains"]) == 1 and (s["seed"], c["domains"][0]) in local]))
                for s in ok if s.get("per_client") and s["method"] != "local_only" and personalised(s["method"])]
-        out[name] = {"method": ok[0]["method"] if ok else None, "personalised": personalised(ok[0]["method"]) if ok else None,
+        ins = [x["internals"] for x in ok if x.get("internals")]
+        out[name] = {"internals": {k: ms([d.get(k) for d in ins]) for k in sorted({k for d in ins for k in d})},
+                     "distance_from_fedavg_lora": ms([x.get("distance_from_fedavg_lora") for x in ok]),
+                     "method": ok[0]["method"] if ok else None, "personalised": personalised(ok[0]["method"]) if ok else None,
                      "mean": ms([s["final"] for s in ok]), "initial": ms([s["initial"] for s in ok if s["initial"] is not None]), "per_domain": per_dom,
                      "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
@@ -385,6 +396,18 @@ def markdown(res: dict) -> str:
                          + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", []))
                          + " | " + ((", ".join(f"{x:.3f}" for x in r.get("abs_own_drop_by_seed", [])) or "-") if name in own else "-")
                          + " |")
+        base = {n: r for n, r in ms_.items() if r.get("internals") or (r.get("distance_from_fedavg_lora") or [0, 0, 0])[2]}
+        if base:
+            ref = ms_.get("FedAvg+LoRA", {}).get("finals", [])
+            L += ["", "The baselines' own mechanisms (mean over clients, rounds and seeds): FedProx's and FedSSI's penalty "
+                      "share of the loss, FedALA's mean 1 - W (0: the global adapters taken whole), FedSSI's Omega scale; "
+                      "the relative L2 distance of the final global adapters from FedAvg+LoRA's (same seed); and on how "
+                      "many seeds the global model's accuracy equals FedAvg+LoRA's (equal: one baseline with it there).", "",
+                  "| baseline | internals | distance from FedAvg+LoRA | final accuracy equal to FedAvg+LoRA's |", "|---|---|---|---|"]
+            for n, r in base.items():
+                ins = ", ".join(f"{k} {v[0]:.3g}" for k, v in r.get("internals", {}).items() if v[2]) or "-"
+                eq = sum(a == b for a, b in zip(r["finals"], ref))
+                L.append(f"| {n} | {ins} | {fmt(r.get('distance_from_fedavg_lora'), 4)} | {eq} of {min(len(ref), len(r['finals']))} seeds |")
         if ms_.get("FedNL", {}).get("abs_drop_by_seed"):
             for other, r in ms_.items():
                 if other not in own and other not in ("FedNL", "local-only") and r.get("abs_drop_by_seed"):

@@ -333,18 +333,20 @@ def test_trivia_grid_keeps_the_runs_stored_before_and_adds_new_seeds(monkeypatch
     size = F.SIZES["cpu"]
     doms = size["trivia"]["domains"].split(",")
 
-    def summary(method, seed, acc):
-        return {"method": method, "config": {"seed": seed}, "final": acc, "initial": None, "code": "x",
+    def summary(method, seed, acc, opts):
+        return {"method": method, "config": {"seed": seed, "method_options": opts}, "final": acc, "initial": None, "code": "x",
                 "per_domain": {d: acc for d in doms}, "bytes": {"up_per_client_round": 7},
                 "per_client": {str(i): {"accuracy": acc + 0.1, "domains": [d]} for i, d in enumerate(doms)}
                 if method in ("fedala", "local_only") else None}
 
     def fake_grid(size_, task, to, clients, seeds, methods, tag, workers):
         g = [(f"trivia {label} s{seed}", {}) for seed in seeds for label, _, _ in methods]
-        return g, [summary(m, seed, [0.4, 0.5, 0.6][seed]) if seed != 1 or m != "fednl" else {"error": "not run"}
-                   for seed in seeds for _, m, _ in methods]
+        return g, [summary(m, seed, [0.4, 0.5, 0.6][seed], o) if seed != 1 or m != "fednl" else {"error": "not run"}
+                   for seed in seeds for _, m, o in methods]
     monkeypatch.setattr(F, "grid", fake_grid)
     monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.33, "per_domain": {}})
+    monkeypatch.setattr(F.R, "internals", lambda s, slug: {"fedala": {"ala_one_minus_w": 0.01}}.get(slug, {"penalty_share": 0.2}))
+    monkeypatch.setattr(F.R, "adapter_distance", lambda a, b: 0.0 if a is b else 0.1)
     first = F.part_trivia(size, [0, 1], 1)
     assert first["methods"]["FedNL"]["finals"] == [0.4] and first["methods"]["FedNL"]["errors"] == ["not run"]
     assert first["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5]
@@ -352,6 +354,9 @@ def test_trivia_grid_keeps_the_runs_stored_before_and_adds_new_seeds(monkeypatch
     later = F.part_trivia(size, [2], 1, first)
     assert later["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5, 0.6] and later["methods"]["FedNL"]["finals"] == [0.4, 0.6]
     assert later["methods"]["local-only"]["personal"][2] == 3 and later["backbone"]["accuracy"] == 0.33
+    md = F.markdown({"meta": {"date": "-"}, "trivia": {**later, "size": "cpu"}})    # internals kept; equal finals counted
+    assert "| FedALA (p = every layer) | ala_one_minus_w 0.01 | 0.1000 ± 0.0000 (n=3) | 3 of 3 seeds |" in md
+    assert "| FedProx (LoRA, mu 1) | penalty_share 0.2 |" in md and "| FedNL | -" not in md.split("own mechanisms")[1]
     other = {**first, "task_options": {**first["task_options"], "test_per_domain": 100}}   # another setting: not merged
     monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.3, "per_domain": {}})
     assert F.part_trivia(size, [2], 1, other)["methods"]["FedAvg+LoRA"]["finals"] == [0.6]
