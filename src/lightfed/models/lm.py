@@ -26,13 +26,18 @@ def option_scores(lm: nn.Module, ids, attn, tmask, h=None) -> torch.Tensor:
     ids, attn, tmask = ids.view(B * K, L), attn.view(B * K, L), tmask.view(B * K, L)
     if h is None:
         h = lm.model(input_ids=ids, attention_mask=attn).last_hidden_state  # (BK, L, d)
-    sel = tmask[:, 1:]                                                      # token t is predicted at t-1
-    logp = lm.lm_head(h[:, :-1][sel]).float().log_softmax(-1)               # (P, V)
-    lp = logp.gather(1, ids[:, 1:][sel].unsqueeze(1)).squeeze(1)            # (P,)
+    return _mean_logp(lm, h[:, :-1], ids[:, 1:], tmask[:, 1:]).view(B, K)   # token t is predicted at t-1
+
+
+def _mean_logp(lm: nn.Module, h, tokens, sel) -> torch.Tensor:
+    """Per row, the mean log-probability of the tokens marked in sel, each predicted from h at its position.
+    h: (N, T, d); tokens, sel: (N, T) -> (N,)"""
+    logp = lm.lm_head(h[sel]).float().log_softmax(-1)                      # (P, V)
+    lp = logp.gather(1, tokens[sel].unsqueeze(1)).squeeze(1)                # (P,)
     rows = sel.nonzero()[:, 0]
-    total = torch.zeros(B * K, dtype=lp.dtype, device=lp.device).index_add(0, rows, lp)
-    count = torch.zeros(B * K, dtype=lp.dtype, device=lp.device).index_add(0, rows, torch.ones_like(lp))
-    return (total / count.clamp_min(1)).view(B, K)
+    total = torch.zeros(len(sel), dtype=lp.dtype, device=lp.device).index_add(0, rows, lp)
+    count = torch.zeros(len(sel), dtype=lp.dtype, device=lp.device).index_add(0, rows, torch.ones_like(lp))
+    return total / count.clamp_min(1)
 
 
 def option_scores_shared(lm: nn.Module, ids, attn, tmask, batch: int = 32) -> torch.Tensor:
@@ -74,13 +79,7 @@ def option_scores_shared(lm: nn.Module, ids, attn, tmask, batch: int = 32) -> to
                 ho = lm.model(input_ids=oid, attention_mask=mask, position_ids=pos, cache=cache,
                               use_cache=True).last_hidden_state                 # (nK, lo, d)
             h = torch.cat([hp[:, -1:].repeat_interleave(K, 0), ho[:, :-1]], 1)  # (nK, lo, d): h[j] predicts option token j
-            sel = tmask[b, :, lp: lp + lo].reshape(n * K, lo)
-            logp = lm.lm_head(h[sel]).float().log_softmax(-1)                   # (P, V)
-            lp_tok = logp.gather(1, oid[sel].unsqueeze(1)).squeeze(1)           # (P,)
-            rows = sel.nonzero()[:, 0]
-            total = torch.zeros(n * K, dtype=lp_tok.dtype, device=lp_tok.device).index_add(0, rows, lp_tok)
-            count = torch.zeros(n * K, dtype=lp_tok.dtype, device=lp_tok.device).index_add(0, rows, torch.ones_like(lp_tok))
-            out[b] = (total / count.clamp_min(1)).view(n, K)
+            out[b] = _mean_logp(lm, h, oid, tmask[b, :, lp: lp + lo].reshape(n * K, lo)).view(n, K)
     return out
 
 
