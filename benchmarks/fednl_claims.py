@@ -167,25 +167,36 @@ def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
     return R.ce_buckets(model, ids, WINDOW, bucket, carry)
 
 
-def part_ce(size: dict, seeds, workers) -> dict:
+CE_METHODS = ("FedNL", "FedNL, its own lr", "FedAvg+LoRA")
+
+
+def part_ce(size: dict, seeds, workers, prior: dict | None = None) -> dict:
+    """prior: the ce part stored before; its curves and runs join this grid's where the setting is the same (the rows
+    or seeds this command does not run; a curve this command makes replaces the stored one)."""
     import torch
     from lightfed.models import backbones
     torch.set_num_threads(2)
     to = {**size["austen"], "window": WINDOW}
-    g, sums = grid(size, "austen", to, 6, seeds, [m for m in METHODS if m[0] in ("FedNL", "FedAvg+LoRA")], "austen", workers)
+    g, sums = grid(size, "austen", to, 6, seeds, [m for m in METHODS if m[0] in CE_METHODS], "austen", workers)
+    setting = {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "train_block_len": to["block_len"]}
+    same = prior and {k: prior.get(k) for k in setting} == setting
     ids = R.heldout_austen_ids(size["ce_tokens"])
-    curves = {"frozen backbone": ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"])}
+    curves = dict(prior["curves"]) if same else {}
+    if "frozen backbone" not in curves:
+        curves["frozen backbone"] = ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"])
+    runs = {r["label"]: r for r in (prior.get("runs", []) if same else [])}
     for (label, _), s in zip(g, sums):
         if "error" not in s:
             model = final_model(s)
             curves[label] = ce_curve(model, ids, size["ce_bucket"])
             if s["method"] == "fednl":     # ablation: the same trained model, its memory emptied at every chunk
                 curves[label + ", memory reset per chunk"] = ce_curve(model, ids, size["ce_bucket"], carry=False)
+        if "error" not in s or label not in runs:
+            runs[label] = {"label": label, "final_perplexity": s.get("final"), "initial": s.get("initial"),
+                           "bytes": s.get("bytes"), "lr": s.get("config", {}).get("lr"),
+                           "lr_decay": s.get("config", {}).get("lr_decay"), **({"error": s["error"]} if "error" in s else {})}
     trend = {k: v[-1] / v[0] - 1 for k, v in curves.items()}
-    return {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "train_block_len": to["block_len"],
-            "curves": curves, "trend_last_vs_first": trend,
-            "runs": [{"label": l, "final_perplexity": s.get("final"), "initial": s.get("initial"), "bytes": s.get("bytes")}
-                     for (l, _), s in zip(g, sums)]}
+    return {**setting, "curves": curves, "trend_last_vs_first": trend, "runs": list(runs.values())}
 
 
 def ms(xs):
@@ -345,23 +356,28 @@ def markdown(res: dict) -> str:
         g = by_method(c["trend_last_vs_first"])
         L += ["", "| model | trend over seeds (mean ± sd, n) |", "|---|---|"]
         L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
-        if "FedNL" in g and "FedAvg+LoRA" in g:
-            L += ["", f"FedNL's CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g['FedNL'], g['FedAvg+LoRA'], True)}**."]
-        reset = "FedNL, memory reset per chunk"
-        if fz and "FedNL" in g and reset in g:
-            mean_rel = {}
-            for k, v in c["curves"].items():
+        mean_rel = {}
+        for k, v in c["curves"].items():
+            if fz:
                 mean_rel.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(float(np.mean([a / b for a, b in zip(v, fz)])))
-            L += ["", f"Does the carried memory lower the stream's mean CE (FedNL vs the same model with its memory emptied at "
-                      f"every chunk, each relative to the frozen backbone)? **{verdict(mean_rel['FedNL'], mean_rel[reset], True)}** "
-                      f"({np.mean(mean_rel['FedNL']):.4f} vs {np.mean(mean_rel[reset]):.4f}; FedAvg+LoRA "
+        for fednl in [k for k in ("FedNL", "FedNL, its own lr") if k in g]:
+            lr = {r["lr"] for r in c["runs"] if re.sub(r"^austen | s\d+", "", r["label"]) == fednl and r.get("lr")}
+            L += ["", f"**{fednl}**" + (f" (lr {', '.join(f'{x:g}' for x in sorted(lr))})" if lr else "") + ":"]
+            if "FedAvg+LoRA" in g:
+                L += [f"- its CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g[fednl], g['FedAvg+LoRA'], True)}**."]
+            reset = f"{fednl}, memory reset per chunk"
+            if reset in mean_rel:
+                L += [f"- does the carried memory lower the stream's mean CE (the same model with its memory emptied at "
+                      f"every chunk, each relative to the frozen backbone)? **{verdict(mean_rel[fednl], mean_rel[reset], True)}** "
+                      f"({np.mean(mean_rel[fednl]):.4f} vs {np.mean(mean_rel[reset]):.4f}; FedAvg+LoRA "
                       f"{np.mean(mean_rel.get('FedAvg+LoRA', [np.nan])):.4f})."]
-        if "FedNL" in g and reset in g:
-            v = verdict(g["FedNL"], g[reset], True)
-            L += ["", f"Does the carried memory help along the stream (FedNL's trend below the same model's with the memory "
-                      f"emptied at every chunk)? **{v}** ({np.mean(g['FedNL']) * 100:+.2f}% vs {np.mean(g[reset]) * 100:+.2f}%). "
-                      f"Training truncated each memory trajectory at a {c['train_block_len']}-token block "
-                      f"({c['train_block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long."]
+            if reset in g:
+                L += [f"- does the carried memory help along the stream (its trend below the same model's with the memory "
+                      f"emptied at every chunk)? **{verdict(g[fednl], g[reset], True)}** ({np.mean(g[fednl]) * 100:+.2f}% vs "
+                      f"{np.mean(g[reset]) * 100:+.2f}%)."]
+        L += ["", f"Training truncated each memory trajectory at a {c['train_block_len']}-token block "
+                  f"({c['train_block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long. The grid's "
+                  "lr is 1e-3 (chosen for LoRA on Austen's training data); 'FedNL, its own lr' runs the method's recommendation."]
         L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
     if "trivia" in res:
         t = res["trivia"]
@@ -507,7 +523,7 @@ def main():
                                                       a.from_runs),
                   "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
                                                         set(a.rows.split(";")) if a.rows else None, a.from_runs, a.golds),
-                  "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
+                  "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers, prior.get("ce")),
                   "trivia": lambda: part_trivia(size, seeds, a.workers, prior.get("trivia"))}[p]()
         merged = p == "passkey" and a.rows and "passkey" in prior    # rows run alone join the grid collected before
         if merged:

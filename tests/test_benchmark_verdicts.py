@@ -360,3 +360,39 @@ def test_trivia_grid_keeps_the_runs_stored_before_and_adds_new_seeds(monkeypatch
     other = {**first, "task_options": {**first["task_options"], "test_per_domain": 100}}   # another setting: not merged
     monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.3, "per_domain": {}})
     assert F.part_trivia(size, [2], 1, other)["methods"]["FedAvg+LoRA"]["finals"] == [0.6]
+
+
+def test_ce_grid_keeps_the_curves_stored_before_and_reports_each_fednl_row(monkeypatch):
+    """A ce command that runs one row adds it to the stored part (same setting only): the stored curves stay, the
+    backbone's is not computed again, a row made now replaces its stored curve; each FedNL row gets its own verdicts."""
+    import fednl_claims as F
+    size = F.SIZES["cpu"]
+    n = size["ce_tokens"] // size["ce_bucket"]
+
+    def fake_grid(size_, task, to, clients, seeds, methods, tag, workers):
+        g = [(f"austen {label} s{seed}", {}) for seed in seeds for label, _, _ in methods]
+        return g, [{"method": m, "final": 30.0, "initial": 35.0, "bytes": {}, "config": {"lr": 0.01, "lr_decay": "cosine"},
+                    "seed": seed} for seed in seeds for _, m, _ in methods]
+    curve = {"carry": [3.0] * (n - 1) + [2.7], "reset": [3.0] * n}     # the carried memory's CE falls 10% along the stream
+    monkeypatch.setattr(F, "grid", fake_grid)
+    monkeypatch.setattr(F, "final_model", lambda s: s)
+    monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: pytest.fail("the backbone again")
+                        if not isinstance(model, dict) else curve["carry" if carry else "reset"])
+    monkeypatch.setattr(F.R, "heldout_austen_ids", lambda k: None)
+    keep = [m for m in F.METHODS if m[0] == "FedNL, its own lr"]
+    monkeypatch.setattr(F, "METHODS", keep)
+    setting = {"window": F.WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"],
+               "train_block_len": size["austen"]["block_len"]}
+    stored = {"austen FedNL s0": [4.0] * n, "austen FedNL, its own lr s0": [9.0] * n, "frozen backbone": [5.0] * n}
+    prior = {**setting, "curves": stored, "runs": [{"label": "austen FedNL s0", "final_perplexity": 33.0, "initial": 35.1}]}
+    ce = F.part_ce(size, [0, 1, 2], 1, prior)
+    assert ce["curves"]["austen FedNL s0"] == [4.0] * n and ce["curves"]["frozen backbone"] == [5.0] * n
+    assert ce["curves"]["austen FedNL, its own lr s0"] == curve["carry"]
+    assert ce["curves"]["austen FedNL, its own lr s2, memory reset per chunk"] == curve["reset"]
+    assert {r["label"] for r in ce["runs"]} == {"austen FedNL s0"} | {f"austen FedNL, its own lr s{i}" for i in range(3)}
+    md = F.markdown({"meta": {"date": "-"}, "ce": {**ce, "size": "cpu"}})
+    own = md.split("**FedNL, its own lr** (lr 0.01):")[1]
+    assert "help along the stream (its trend below the same model's with the memory emptied at every chunk)? **met**" in own
+    other = {**prior, "train_block_len": 2048}                      # another setting: nothing stored is kept
+    monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: [1.0] * n)
+    assert "austen FedNL s0" not in F.part_ce(size, [0], 1, other)["curves"]
