@@ -175,9 +175,28 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
 
 
 def merge(old: dict, new: dict) -> dict:
-    """The part collected before with the rows run now (--rows) put in: theirs replaced, every other row kept."""
-    out = {**new, "rows": {**old["rows"], **new["rows"]}, "retrieval": {**old["retrieval"], **new["retrieval"]}}
-    curves, trend = ({**old["ce"][k], **new["ce"][k]} for k in ("curves", "trend_last_vs_first"))
+    """The part collected before with the rows run now (--rows) put in, seed by seed: a row's seeds made now replace
+    those stored, its stored seeds this command did not make (their runs gone or not asked for) stay beside them, with
+    their CE curves; every other row kept."""
+    rows, curves = {**old["rows"]}, {**old["ce"]["curves"]}
+    for name, r in new["rows"].items():
+        o = old["rows"].get(name)
+        if not o or o["seeds"] == ["-"] or r["seeds"] == ["-"]:
+            rows[name] = r
+            curves.update({k: new["ce"]["curves"][k] for k in (name,) if k in new["ce"]["curves"]})
+            continue
+        keep = [i for i, seed in enumerate(o["seeds"]) if seed not in r["seeds"]]
+        m = {**o, **r, "seeds": [o["seeds"][i] for i in keep] + r["seeds"], "cells": [o["cells"][i] for i in keep] + r["cells"]}
+        if "internals" in o or "internals" in r:
+            m["internals"] = [o["internals"][i] for i in keep if "internals" in o] + r.get("internals", [])
+        rows[name] = m
+        if name in new["ce"]["curves"] or name in old["ce"]["curves"]:    # a controlled row: one curve per seed, in its order
+            curves[name] = [old["ce"]["curves"][name][i] for i in keep if name in old["ce"]["curves"]] + new["ce"]["curves"].get(name, [])
+    lengths = [int(x) for x in new["setting"]["task"]["lengths"].split(",")]
+    retrieval = {name: {str(L): [by_length(c)[str(L)] for c in rows[name]["cells"]] for L in lengths}
+                 for name in new["rows"] if rows[name]["cells"]}
+    trend = {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in curves.items()}
+    out = {**new, "rows": rows, "retrieval": {**old["retrieval"], **retrieval}}
     out["ce"] = {**new["ce"], "curves": curves, "trend_last_vs_first": trend}
     ib = new["inference_bytes"]
     out["inference_bytes"] = {**ib, "fednl_state_fp32": ib["fednl_state_fp32"] or old["inference_bytes"]["fednl_state_fp32"]}

@@ -396,3 +396,27 @@ def test_ce_grid_keeps_the_curves_stored_before_and_reports_each_fednl_row(monke
     other = {**prior, "train_block_len": 2048}                      # another setting: nothing stored is kept
     monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: [1.0] * n)
     assert "austen FedNL s0" not in F.part_ce(size, [0], 1, other)["curves"]
+
+
+def test_passkey_rows_run_again_add_their_seeds_to_the_stored_ones():
+    """--rows with a seed the stored part lacks (the stored seed's run gone, reported 'not run'): the stored seed's
+    cells and CE curves stay beside the new one's; a seed made again replaces its stored cells; other rows kept."""
+    import json
+    import fednl_retrieval as R
+    p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
+    name, reset = "FedNL, stream LM loss", "FedNL, stream LM loss, memory reset per chunk"
+    assert p["rows"][name]["seeds"] == [0]
+    s1 = {k: 0.5 for k in p["rows"][name]["cells"][0]}
+    new = {**p, "rows": {name: {"seeds": [1], "cells": [s1], "errors": ["not run"]},
+                         reset: {"seeds": [1], "cells": [{k: 0.0 for k in s1}], "errors": []}},
+           "ce": {**p["ce"], "curves": {name: [[4.0, 4.4]], reset: [[4.0, 4.0]]}}}
+    m = R.merge(p, new)
+    assert m["rows"][name]["seeds"] == [0, 1] and m["rows"][name]["cells"] == [p["rows"][name]["cells"][0], s1]
+    assert m["rows"][reset]["seeds"] == [0, 1]
+    assert m["ce"]["curves"][name] == [p["ce"]["curves"][name][0], [4.0, 4.4]]
+    assert m["ce"]["trend_last_vs_first"][name][1] == pytest.approx(0.1)
+    assert m["retrieval"][name]["4"] == [p["retrieval"][name]["4"][0], 0.5]
+    assert m["rows"]["FedNL"] == p["rows"]["FedNL"] and m["retrieval"]["FedNL"] == p["retrieval"]["FedNL"]
+    again = R.merge(m, {**new, "rows": {name: {"seeds": [0], "cells": [s1], "errors": []}},
+                        "ce": {**p["ce"], "curves": {name: [[1.0, 1.0]]}}})       # seed 0 made again: replaced
+    assert again["rows"][name]["seeds"] == [1, 0] and again["ce"]["curves"][name] == [[4.0, 4.4], [1.0, 1.0]]
