@@ -484,8 +484,8 @@ def main():
     ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
     ap.add_argument("--golds", action="store_true", help="templates: also score the golds found (RULER's string-match-"
                     "all), kept beside each model; from the same forward as exact match where that is not on disk yet")
-    ap.add_argument("--rows", default="", help="passkey: ';'-separated row labels to train (default: all), e.g. "
-                    "'FedNL;FedAvg+LoRA, windowed'")
+    ap.add_argument("--rows", default="", help="passkey, templates, recipe: ';'-separated row labels to train (default: "
+                    "all; the stored part's other rows are kept), e.g. 'FedNL;FedAvg+LoRA, windowed'")
     common.add_args(ap)
     a = ap.parse_args()
     common.configure(a)
@@ -516,7 +516,8 @@ def main():
     res.update(meta=meta("python benchmarks/fednl_claims.py " + shlex.join(sys.argv[1:])))
     for p in parts:
         t = time.time()
-        res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers),
+        res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers,
+                                                  set(a.rows.split(";")) if a.rows else None, prior.get("recipe")),
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
                                                       set(a.rows.split(";")) if a.rows else None,
                                                       [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None,

@@ -49,8 +49,13 @@ RECIPE = [
     ("5 layers spread evenly, gate 0.1", {"layers": "auto", "n_layers": 5, "gate": 0.1}, {}),
     ("5 layers spread evenly, gate 0.1, gate lr 10x", {"layers": "auto", "n_layers": 5, "gate": 0.1, "gate_lr": 0.1}, {}),
     ("3 late layers, gate 0.1, 8-chunk training streams", {"layers": "17,23,29", "gate": 0.1}, {"train_chunks": 8}),
+    # the recipe's layers and gate with longer training streams: 8 chunks throughout, and a curriculum over the number of
+    # chunks (rounds 1-2: 2 chunks, 3-4: 4, 5-6: 8; RMT's and ARMT's schedule, the task's `curriculum` option)
+    ("5 layers spread evenly, gate 0, 8-chunk training streams", {"layers": "auto", "n_layers": 5}, {"train_chunks": 8}),
+    ("5 layers spread evenly, gate 0, curriculum 2 -> 4 -> 8 chunks", {"layers": "auto", "n_layers": 5},
+     {"train_chunks": 8, "curriculum": "2,4,8"}),
 ]
-RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]]      # the order rows were added in (their folders)
+RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]] + RECIPE[9:]   # the order rows were added in (their folders)
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
             "ce_tokens": 16384, "ce_bucket": 1024,
@@ -132,9 +137,16 @@ def _plain_loss(model, b):
     return F.cross_entropy(model.lm_head(h[:, :-1][sel]).float(), b["input_ids"][:, 1:][sel])
 
 
-def part_recipe(size_name: str, workers: int) -> dict:
+def part_recipe(size_name: str, workers: int, labels: set[str] | None = None, prior: dict | None = None) -> dict:
+    """labels: the rows to run (default: all); the stored part's other rows (prior, same setting) are kept, in RECIPE's
+    order, with its step costs (measured again only when every row runs)."""
     size = SIZES[size_name]
-    grid = recipe_grid(size)
+    bad = sorted((labels or set()) - {r[0] for r in RECIPE})
+    if bad:
+        raise ValueError(f"recipe: unknown rows {bad}; rows: {[r[0] for r in RECIPE]}")
+    grid = recipe_grid(size, [r for r in RECIPE if labels is None or r[0] in labels])
+    setting = {"size": size_name, **size["recipe"], "task": size["recipe_task"]}
+    stored = {r["label"]: r for r in prior["rows"]} if prior and labels and prior.get("setting") == setting else {}
     sums = reuse_or_run(grid, workers)
     rows = []
     for (label, c), s in zip(grid, sums):
@@ -149,7 +161,10 @@ def part_recipe(size_name: str, workers: int) -> dict:
                      "s_per_step": s["time"]["client_compute"] / steps, "cells": cells,
                      "outside_question_chunk": float(np.mean(out_q)), "initial": s["initial"], "final": s["final"],
                      "train_loss": [cl["train_loss"] for r in recs[1:] for cl in r["clients"]]})
-    return {"rows": rows, "costs": step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
+    made = {r["label"]: r for r in rows}
+    rows = [made.get(label) or stored[label] for label, *_ in RECIPE if label in made or label in stored]
+    costs = prior["costs"] if stored else step_costs(size)
+    return {"rows": rows, "costs": costs, "setting": setting}
 
 
 def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = None, baseline_seeds=None) -> list[tuple[str, dict]]:

@@ -152,7 +152,7 @@ def test_every_config_of_the_fednl_retrieval_grids_validates_and_the_unseen_clie
     import fednl_retrieval as R
     from fednl_claims import RECIPE
     grids = R.retrieval_grid(R.SIZES[size], [0, 1, 2], RECIPE) + R.templates_grid(R.TEMPLATES_SIZES[size], [0, 1, 2], RECIPE)
-    for _, c in grids:
+    for _, c in grids + R.recipe_grid(R.SIZES[size]):
         cfg = C.from_dict(c)
         local.check(cfg)
         methods.build(cfg)                          # lr_decay and every method option accepted

@@ -185,3 +185,34 @@ def test_lm_weight_adds_the_streams_other_tokens_nll_from_the_same_forward():
         got = lm.target_nll(model, ids, tm, 24, lm_weight=0.3)
         only = lm.target_nll(model, ids, tm, 24)
     assert torch.allclose(got, want, atol=1e-4) and torch.allclose(only, nll[tm[:, 1:]].mean(), atol=1e-4)
+
+
+def test_a_curriculum_trains_short_streams_first_in_the_same_rows_and_ends_at_train_chunks(tmp_path, monkeypatch):
+    """curriculum "2,4": the first half of the rounds draws 2-chunk streams, the rest train_chunks' (the very streams
+    of a run without a curriculum); same rows, labels and templates per row; what each client round trained on is
+    the stage's length; a curriculum that does not end at train_chunks fails before any work."""
+    o = {"tiny": True, "templates": "passkey,multikey_1", "unit": 128, "window": 128, "train_size": 4,
+         "train_chunks": 4, "lengths": "2", "depths": "0", "test_per_cell": 1}
+    T = tasks.build("passkey", {**o, "curriculum": "2,4"}, 0)
+    plain = tasks.build("passkey", o, 0)
+    first, last = T.train_at(1, 4), T.train_at(4, 4)
+    assert first["input_ids"].shape == (8, 2 * 128) and T.train_at(2, 4)["input_ids"].shape == (8, 2 * 128)
+    assert all(torch.equal(last[k], plain.train[k]) for k in last) and T.train_at(3, 4) is last
+    assert torch.equal(first["labels"], plain.train["labels"]) and plain.train_at(1, 4) is plain.train
+    assert (first["target_mask"].sum(1) > 0).all()                                   # every short stream has its answer
+    assert T.info["curriculum_chunks"] == [2, 4] and "curriculum_chunks" not in plain.info
+    seen = []
+    cfg = tiny_config("passkey", "fednl", tmp_path, task_options={**o, "curriculum": "2,4"}, clients=2,
+                      partition="domain", fraction=1.0, rounds=2, local_steps=1, batch_size=2,
+                      method_options={"layers": "1", "n_layers": 1, "chunk": 64})
+    from lightfed.engine import protocol as P
+    orig = P.client_round
+    def spy(method, model, down, data, ctx, max_bytes):                          # what each client round trains on
+        seen.append((ctx.round, data["input_ids"].shape[1]))
+        return orig(method, model, down, data, ctx, max_bytes)
+    monkeypatch.setattr(P, "client_round", spy)
+    local.run(cfg, log=lambda *a: None)
+    assert sorted(set(seen)) == [(1, 256), (2, 512)]
+    for bad in ("2,3", "4,2", "1,4", "2,x"):
+        with pytest.raises(C.ConfigError, match="curriculum"):
+            local.check(tiny_config("passkey", "fedavg", task_options={**o, "curriculum": bad}))

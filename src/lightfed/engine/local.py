@@ -215,7 +215,7 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
                 bar.update(1)
                 continue
             ctx = ClientContext(cid, rnd, derive_seed(cfg.seed, rnd, cid), cfg, task.loss, client_states.setdefault(cid, {}))
-            data = subset(task.train, S.shards[cid])
+            data = subset(task.train_at(rnd, cfg.rounds), S.shards[cid])
             with clock("client"), PeakRSS(device.resolve(cfg.device)) as mem:
                 up, stats = P.client_round(method, model, down, data, ctx, cfg.max_message_bytes)
             if cfg.secagg:                         # the masked input replaces the plain upload

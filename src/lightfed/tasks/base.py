@@ -33,6 +33,13 @@ class Task:
     test_domains: np.ndarray | None = None   # per test example: its domain (per-domain and per-client scores)
     details: Callable[[nn.Module, Data], dict] | None = None   # {domain: {cell: [per-example scores]}}: the metric
                                                                # and its breakdown in one pass (NIAH: template x length)
+    curriculum: Callable[[int, int], Data] | None = None       # (round, rounds) -> that round's training set: the
+                                                               # same rows (labels, domains, shards), e.g. shorter
+                                                               # streams first; None: `train` in every round
+
+    def train_at(self, rnd: int, rounds: int) -> Data:
+        """The training set clients draw from in round `rnd` of `rounds` (both engines ask here)."""
+        return self.curriculum(rnd, rounds) if self.curriculum is not None else self.train
 
 
 @torch.no_grad()

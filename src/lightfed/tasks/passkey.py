@@ -7,6 +7,8 @@ Train: `train_size` streams of `train_chunks` x `unit` tokens, the needle in a u
 the question's, the loss on the answer's 7 digits. Test: `test_per_cell` streams per (length, depth) cell,
 lengths in chunks of `unit` tokens, depth 1.0 = the needle in the question's own chunk (reported apart). Metric:
 exact match (every digit right, teacher forced), the mean over all cells; `details` gives it per cell.
+`curriculum = "2,4,8"`: the training streams grow through these lengths over the rounds (RMT's curriculum over the
+number of segments), each stage its own draws, the last train_chunks long.
 
 `templates`: "passkey" (the above), or a comma-separated list of it and data/niah.TASKS names, or "all" (the seven of
 TEMPLATES7): RULER's needles and questions in the same geometry (data/passkey.py), `train_size` streams of each; the
@@ -43,6 +45,8 @@ class Options:
     unit: int = 64               # tokens per chunk of a stream (its geometry: lengths count these)
     window: int = 64             # attention window in tokens; 0: full attention over the whole stream
     train_chunks: int = 4        # training stream length, in chunks
+    curriculum: str = ""         # e.g. "2,4,8": the training streams' length in chunks grows through these over the
+                                 # rounds (equal stages, shortest first; it ends at train_chunks); "": train_chunks
     train_size: int = 256        # training streams
     lengths: str = "4,8,16,32"   # test stream lengths, in chunks
     depths: str = "0,0.25,0.5,0.75,1"   # needle depths (1: the question's own chunk)
@@ -76,6 +80,17 @@ class Options:
             raise ConfigError(f"passkey: lm_weight = {self.lm_weight}: must be >= 0")
         if self.train_size < 1 or self.test_per_cell < 1:
             raise ConfigError("passkey: train_size and test_per_cell must be >= 1")
+        try:
+            stages = self.stages()
+        except ValueError:
+            raise ConfigError(f"passkey: curriculum = {self.curriculum!r}: comma-separated chunk counts") from None
+        if stages != sorted(set(stages)) or stages[0] < 2 or stages[-1] != self.train_chunks:
+            raise ConfigError(f"passkey: curriculum = {self.curriculum!r}: increasing chunk counts >= 2 that end at "
+                              f"train_chunks = {self.train_chunks}")
+
+    def stages(self) -> list[int]:
+        """The training streams' length in chunks, stage by stage (one stage: train_chunks)."""
+        return [int(x) for x in self.curriculum.split(",")] if self.curriculum else [self.train_chunks]
 
     def lens(self) -> list[int]:
         return [int(x) for x in self.lengths.split(",")]
@@ -89,14 +104,16 @@ def _builder(tok, split: str, unit: int) -> P.Builder:      # the split's haysta
     return P.Builder(tok, niah.haystack_split(datasets.load_austen(), split), unit, split)
 
 
-def streams(o: Options, tok, split: str, validation: bool = False, template: str = "passkey") -> list[P.Stream]:
-    """The task's streams of one template: the training set (split "train") or the test cells (split "eval"; with
-    validation, built from the training split's haystack and keys/values with other draws). The pass key's draws do
-    not depend on the other templates asked for; each other template's draws are its own ([..., crc32(name)])."""
+def streams(o: Options, tok, split: str, validation: bool = False, template: str = "passkey",
+            chunks: int = 0) -> list[P.Stream]:
+    """The task's streams of one template: the training set (split "train", `chunks` long: train_chunks by default)
+    or the test cells (split "eval"; with validation, built from the training split's haystack and keys/values with
+    other draws). The pass key's draws do not depend on the other templates asked for; each other template's draws
+    are its own ([..., crc32(name)]); a curriculum's shorter training streams are draws of their own ([..., chunks])."""
     src = "train" if validation else split
     b = _builder(tok, src, o.unit)
-    own = [] if template == "passkey" else [zlib.crc32(template.encode())]
-    n = o.train_chunks
+    n = chunks or o.train_chunks
+    own = ([] if template == "passkey" else [zlib.crc32(template.encode())]) + ([n] if n != o.train_chunks else [])
     if template != "passkey":       # every geometry the split can draw, checked before any draw
         for L, d in ([(n, k / (n - 1)) for k in range(n - 1)] if split == "train" else
                      [(L, d) for L in o.lens() for d in o.deps()]):
@@ -184,8 +201,20 @@ def build(o: Options, seed: int) -> Task:
         return float(np.mean([x for t in details(m, data).values() for xs in t.values() for x in xs]))
 
     labels = torch.tensor([names.index(t) for t in names for _ in train_t[t]])
-    train = {"input_ids": torch.stack([s.ids for s in train_s]), "target_mask": torch.stack([s.targets for s in train_s]),
-             "labels": labels}
+
+    def stacked(ss: list[P.Stream]) -> dict:
+        return {"input_ids": torch.stack([s.ids for s in ss]), "target_mask": torch.stack([s.targets for s in ss]),
+                "labels": labels}
+    train = stacked(train_s)
+    stages = o.stages()
+    try:        # each stage's streams: the same templates in the same rows (labels, domains, shards), n chunks long
+        by_stage = [stacked([s for t in names for s in streams(o, tok, "train", template=t, chunks=n)]) if n != o.train_chunks
+                    else train for n in stages]
+    except ValueError as e:
+        raise ConfigError(f"passkey: curriculum: {e}") from None
+
+    def curriculum(rnd: int, rounds: int) -> dict:     # rounds split into len(stages) equal stages, shortest first
+        return by_stage[min(len(stages) - 1, (rnd - 1) * len(stages) // max(rounds, 1))]
     test = {"idx": torch.arange(len(test_s)), "labels": torch.tensor([names.index(t) for t in tmpl])}
     c = model.config
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4   # fp32 bytes/token
@@ -194,5 +223,6 @@ def build(o: Options, seed: int) -> Task:
                 {"backbone": o.model or ("tiny-llama" if o.tiny else "SmolLM2-135M-Instruct"), "unit": o.unit,
                  "templates": names,
                  "window": o.window or "full", "lengths_chunks": o.lens(), "depths": o.deps(),
-                 "train_tokens": o.train_chunks * o.unit, "kv_cache_bytes_per_token_fp32": kv},
-                test_domains=tmpl, details=details)
+                 "train_tokens": o.train_chunks * o.unit, "kv_cache_bytes_per_token_fp32": kv,
+                 **({"curriculum_chunks": stages} if len(stages) > 1 else {})},
+                test_domains=tmpl, details=details, curriculum=curriculum if len(stages) > 1 else None)

@@ -45,7 +45,7 @@ def train_core(cfg: C.RunConfig, rnd: int, cid: int, down: bytes, state: dict) -
     S = setup(cfg, options(cfg))
     build_s = time.perf_counter() - t_build             # 0 when this process built it before (actors, node workers)
     ctx = ClientContext(cid, rnd, local.derive_seed(cfg.seed, rnd, cid), cfg, S.task.loss, state)   # as local.run's
-    data = subset(S.task.train, S.shards[cid])
+    data = subset(S.task.train_at(rnd, cfg.rounds), S.shards[cid])
     t = time.perf_counter()
     from lightfed import device
     with PeakRSS(device.resolve(cfg.device)) as mem:
