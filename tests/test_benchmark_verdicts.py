@@ -420,3 +420,32 @@ def test_passkey_rows_run_again_add_their_seeds_to_the_stored_ones():
     again = R.merge(m, {**new, "rows": {name: {"seeds": [0], "cells": [s1], "errors": []}},
                         "ce": {**p["ce"], "curves": {name: [[1.0, 1.0]]}}})       # seed 0 made again: replaced
     assert again["rows"][name]["seeds"] == [1, 0] and again["ce"]["curves"][name] == [[4.0, 4.4], [1.0, 1.0]]
+
+
+def test_recipe_rows_run_alone_join_the_stored_rows_in_the_recipes_order(monkeypatch, tmp_path):
+    import json
+    import fednl_retrieval as R
+    stored = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["recipe"]
+    new = R.RECIPE[-1][0]
+
+    def fake_run(grid, workers, from_runs=False):
+        out = []
+        for label, c in grid:
+            d = tmp_path / label.replace(" ", "_")
+            d.mkdir()
+            (d / "metrics.jsonl").write_text('{"round": 0}\n{"round": 1, "clients": [{"steps": 30, "train_loss": 1.0}]}\n')
+            out.append({"out": str(d), "cells": {"passkey": {"4/0": 1.0, "4/1": 0.5}}, "time": {"client_compute": 60.0},
+                        "initial": 0.0, "final": 0.75})
+        return out
+    monkeypatch.setattr(R, "reuse_or_run", fake_run)
+    monkeypatch.setattr(R, "step_costs", lambda size: pytest.fail("costs measured again for one row"))
+    r = R.part_recipe("cpu", 1, {new}, stored)
+    labels = [x["label"] for x in r["rows"]]
+    assert labels[:-1] == [x["label"] for x in stored["rows"]] and labels[-1] == new and r["costs"] == stored["costs"]
+    assert r["rows"][-1]["outside_question_chunk"] == 1.0 and r["rows"][-1]["s_per_step"] == 2.0
+    assert r["rows"][0] == stored["rows"][0]
+    with pytest.raises(ValueError, match="unknown rows"):
+        R.part_recipe("cpu", 1, {"no such row"}, stored)
+    monkeypatch.setattr(R, "step_costs", lambda size: {"fresh": 1.0})
+    other = {**stored, "setting": {**stored["setting"], "rounds": 3}}        # another setting: nothing kept
+    assert [x["label"] for x in R.part_recipe("cpu", 1, {R.RECIPE[-2][0]}, other)["rows"]] == [R.RECIPE[-2][0]]
