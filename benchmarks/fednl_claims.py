@@ -71,6 +71,7 @@ RECIPE = {"layers": "auto", "n_layers": 5, "gate": 0.0}   # FedNL's options in t
 METHODS = ([("FedNL", "fednl", {}), ("FedNL, its own lr", "fednl", {})]
            + [(label, method, opts) for label, method, opts, _ in R.BASELINES] + [("local-only", "local_only", {})])
 ROW_RUN = {"FedNL, its own lr": {"lr": 0.0}}      # run settings of a row that differ from the grid's
+ROWS = [m[0] for m in METHODS]      # every row of the grids (--methods runs some of them; the report judges against all)
 
 
 def _model(method: str, opts: dict):
@@ -392,7 +393,7 @@ def markdown(res: dict) -> str:
             L += ["", "Runs missing (failed, or not run when the grid was stopped): " + "; ".join(
                 f"{n}: {k} of {k + len(ms_[n]['finals'])} ({ms_[n]['errors'][0][:120]})" for n, k in missing.items()) + "."]
         now = SIZES.get(t.get("size", ""), {})
-        if (now.get("trivia"), now.get("trivia_run", {}), [m[0] for m in METHODS]) != (t["task_options"], t.get("run", {}), list(ms_)):
+        if (now.get("trivia"), now.get("trivia_run", {}), ROWS) != (t["task_options"], t.get("run", {}), list(ms_)):
             L += ["", f"**Outgrown:** this grid ran before the code's `{t.get('size')}` preset became task options "
                       f"{now.get('trivia')}, runs {now.get('trivia_run', {})}, rows {[m[0] for m in METHODS]}; rerun its command."]
         # FedNL is not personalised (its memory is a stream's): its clients hold the global model, so no own-model figure
@@ -447,7 +448,7 @@ def plot(res: dict, name: str) -> None:
     panels = [p for p in ("memory", "ce") if p in res]
     if not panels:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5))
     axes = np.atleast_1d(axes)
     for ax, p in zip(axes, panels):
         if p == "memory":
@@ -467,6 +468,8 @@ def plot(res: dict, name: str) -> None:
                 ax.plot(x, vs.mean(0), "o-", label=f"{k} (n={len(vs)})")
                 ax.fill_between(x, vs.min(0), vs.max(0), alpha=0.2)
             ax.set(xlabel="position in stream (tokens)", ylabel="CE / frozen backbone's CE", title="streaming cross-entropy")
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)     # below: the curves fill the axes
+            continue
         ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=110)
