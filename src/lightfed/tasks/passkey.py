@@ -215,6 +215,7 @@ def build(o: Options, seed: int) -> Task:
 
     def curriculum(rnd: int, rounds: int) -> dict:     # rounds split into len(stages) equal stages, shortest first
         return by_stage[min(len(stages) - 1, (rnd - 1) * len(stages) // max(rounds, 1))]
+
     test = {"idx": torch.arange(len(test_s)), "labels": torch.tensor([names.index(t) for t in tmpl])}
     c = model.config
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4   # fp32 bytes/token
