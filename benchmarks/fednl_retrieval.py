@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import reuse_or_run, verdict, why  # noqa: E402
+from common import reuse_or_run, verdict, why, wilson  # noqa: E402
 
 RUNS = Path("runs/fednl_retrieval")
 UNIT = 64
@@ -411,16 +411,22 @@ def _ms(xs):
 def markdown_recipe(r: dict) -> list[str]:
     L = ["## FedNL's recipe, measured (centralised, validation streams)\n",
          f"One client, {r['setting']['rounds']} rounds x {r['setting']['local_steps']} steps of 8 streams of "
-         f"{r['setting']['task']['train_chunks'] * UNIT} tokens, lr 1e-2 (AdamW), bf16 forwards; exact match on validation "
-         f"streams (the training split's haystack and passkeys, other draws) at 4 and 8 chunks. Column 'outside' = the "
-         "mean over depths outside the question's chunk.\n",
-         "| recipe row | outside the question's chunk | cells (chunks/depth: exact match) | s / step |", "|---|---|---|---|"]
+         f"{r['setting']['task']['train_chunks'] * UNIT} tokens (a row's own length where its label names one), lr 1e-2 "
+         "(AdamW), bf16 forwards, one seed; exact match on validation streams (the training split's haystack and "
+         f"passkeys, other draws, {r['setting']['task']['test_per_cell']} a cell) at 4 and 8 chunks. Column 'outside' = "
+         "the mean over depths outside the question's chunk, with its 95% Wilson interval from the validation sample "
+         "alone (it says nothing of the spread over seeds).\n",
+         "| recipe row | outside the question's chunk | 95% interval | cells (chunks/depth: exact match) | s / step |",
+         "|---|---|---|---|---|"]
+    n_cell = r["setting"]["task"]["test_per_cell"]
     for row in r["rows"]:
         if "error" in row:
-            L.append(f"| {row['label']} | {why(row['error'], 80)} | | |")
+            L.append(f"| {row['label']} | {why(row['error'], 80)} | | | |")
             continue
         cells = ", ".join(f"{k}: {v:.2f}" for k, v in row["cells"].items())
-        L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | {cells} | {row['s_per_step']:.2f} |")
+        out = [v for k, v in row["cells"].items() if not k.endswith("/1")]
+        lo, hi = wilson(round(sum(out) * n_cell), len(out) * n_cell)
+        L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | [{lo:.2f}, {hi:.2f}] | {cells} | {row['s_per_step']:.2f} |")
     L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):", "",
           "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
     if r.get("costs_note"):
