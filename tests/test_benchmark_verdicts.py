@@ -427,6 +427,7 @@ def test_recipe_rows_run_alone_join_the_stored_rows_in_the_recipes_order(monkeyp
     import fednl_retrieval as R
     stored = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["recipe"]
     new = R.RECIPE[-1][0]
+    stored = {**stored, "rows": [x for x in stored["rows"] if x["label"] != new]}       # the row this command adds
 
     def fake_run(grid, workers, from_runs=False):
         out = []
