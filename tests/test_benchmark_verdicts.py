@@ -405,7 +405,11 @@ def test_passkey_rows_run_again_add_their_seeds_to_the_stored_ones():
     import fednl_retrieval as R
     p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
     name, reset = "FedNL, stream LM loss", "FedNL, stream LM loss, memory reset per chunk"
-    assert p["rows"][name]["seeds"] == [0]
+    for k in (name, reset):                 # the stored part as it was with seed 0 of these rows only
+        i = p["rows"][k]["seeds"].index(0)
+        p["rows"][k] = {**p["rows"][k], "seeds": [0], "cells": [p["rows"][k]["cells"][i]]}
+        p["ce"]["curves"][k] = [p["ce"]["curves"][k][i]]
+        p["retrieval"][k] = {L: [v[i]] for L, v in p["retrieval"][k].items()}
     s1 = {k: 0.5 for k in p["rows"][name]["cells"][0]}
     new = {**p, "rows": {name: {"seeds": [1], "cells": [s1], "errors": ["not run"]},
                          reset: {"seeds": [1], "cells": [{k: 0.0 for k in s1}], "errors": []}},
