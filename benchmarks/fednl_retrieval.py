@@ -198,7 +198,8 @@ def merge(old: dict, new: dict) -> dict:
         o = old["rows"].get(name)
         if not o or o["seeds"] == ["-"] or r["seeds"] == ["-"]:
             rows[name] = r
-            curves.update({k: new["ce"]["curves"][k] for k in (name,) if k in new["ce"]["curves"]})
+            if name in new["ce"]["curves"]:
+                curves[name] = new["ce"]["curves"][name]
             continue
         keep = [i for i, seed in enumerate(o["seeds"]) if seed not in r["seeds"]]
         m = {**o, **r, "seeds": [o["seeds"][i] for i in keep] + r["seeds"], "cells": [o["cells"][i] for i in keep] + r["cells"]}
