@@ -300,11 +300,17 @@ def backbone_trivia(size) -> dict:
 
 
 # --- report --------------------------------------------------------------------------------------
-def by_method(trend: dict[str, float]) -> dict[str, list[float]]:
-    """Trends grouped by model over seeds: 'austen FedNL s0, memory reset per chunk' -> 'FedNL, memory reset per chunk'."""
+def model_of(label: str) -> str:
+    """A ce run's or curve's label without its task and seed: 'austen FedNL s0, memory reset per chunk' -> 'FedNL,
+    memory reset per chunk'."""
+    return re.sub(r"^austen | s\d+", "", label)
+
+
+def by_method(values: dict[str, float]) -> dict[str, list[float]]:
+    """Per-run values grouped by model over seeds (model_of)."""
     out: dict[str, list[float]] = {}
-    for k, v in trend.items():
-        out.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(v)
+    for k, v in values.items():
+        out.setdefault(model_of(k), []).append(v)
     return out
 
 
@@ -357,12 +363,9 @@ def markdown(res: dict) -> str:
         g = by_method(c["trend_last_vs_first"])
         L += ["", "| model | trend over seeds (mean ± sd, n) |", "|---|---|"]
         L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
-        mean_rel = {}
-        for k, v in c["curves"].items():
-            if fz:
-                mean_rel.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(float(np.mean([a / b for a, b in zip(v, fz)])))
+        mean_rel = by_method({k: float(np.mean([a / b for a, b in zip(v, fz)])) for k, v in c["curves"].items()}) if fz else {}
         for fednl in [k for k in ("FedNL", "FedNL, its own lr") if k in g]:
-            lr = {r["lr"] for r in c["runs"] if re.sub(r"^austen | s\d+", "", r["label"]) == fednl and r.get("lr")}
+            lr = {r["lr"] for r in c["runs"] if model_of(r["label"]) == fednl and r.get("lr")}
             L += ["", f"**{fednl}**" + (f" (lr {', '.join(f'{x:g}' for x in sorted(lr))})" if lr else "") + ":"]
             if "FedAvg+LoRA" in g:
                 L += [f"- its CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g[fednl], g['FedAvg+LoRA'], True)}**."]
@@ -395,7 +398,7 @@ def markdown(res: dict) -> str:
         now = SIZES.get(t.get("size", ""), {})
         if (now.get("trivia"), now.get("trivia_run", {}), ROWS) != (t["task_options"], t.get("run", {}), list(ms_)):
             L += ["", f"**Outgrown:** this grid ran before the code's `{t.get('size')}` preset became task options "
-                      f"{now.get('trivia')}, runs {now.get('trivia_run', {})}, rows {[m[0] for m in METHODS]}; rerun its command."]
+                      f"{now.get('trivia')}, runs {now.get('trivia_run', {})}, rows {ROWS}; rerun its command."]
         # FedNL is not personalised (its memory is a stream's): its clients hold the global model, so no own-model figure
         own = {n: r for n, r in ms_.items() if r.get("personalised", n in ("FedALA", "local-only")) and n != "local-only"}
         doms = sorted({d for r in ms_.values() for d in r["per_domain"]})
@@ -461,7 +464,7 @@ def plot(res: dict, name: str) -> None:
             curves, fz = res["ce"]["curves"], np.array(res["ce"]["curves"]["frozen backbone"])
             groups: dict[str, list] = {}
             for k, v in curves.items():
-                groups.setdefault(re.sub(r"^austen | s\d+", "", k), []).append(np.array(v) / fz)
+                groups.setdefault(model_of(k), []).append(np.array(v) / fz)
             x = np.arange(1, len(fz) + 1) * res["ce"]["bucket"]
             for k, vs in groups.items():
                 vs = np.stack(vs)
