@@ -18,7 +18,8 @@ Parts:
           (local-only minus federated); FedNL has no per-client model (its memory is a stream's), so no "own model" figure.
 - recipe, passkey, templates: FedNL's retrieval recipe measured centrally, then the federated passkey grid and the
           seven templates (benchmarks/fednl_retrieval.py; `retrieval` in the JSON: the single-needle exact match outside
-          the question's chunk, {row: {chunks: [per seed]}}). They replace the first NIAH grid (512-token window, needles
+          the question's chunk, {row: {chunks: [per seed]}}, on the grid's 20-stream cells; `retrieval_judged`: the same
+          on the targets' own test set, 500 streams a length at 4 and 16 chunks, for FedNL's rows). They replace the first NIAH grid (512-token window, needles
           at depths 0 and 1 only, 8 steps a client), in which every method scored the same 0.259: it could not show a
           memory at work (issue 21), and its part was retired.
 Every accuracy figure is the mean and spread over the seeds given (3 for a claim).
@@ -536,7 +537,7 @@ def main():
         if merged:
             res[p] = R.merge(prior[p], res[p])
         if p == "passkey":
-            res["retrieval"] = res[p]["retrieval"]
+            res["retrieval"], res["retrieval_judged"] = res[p]["retrieval"], res[p]["retrieval_judged"]
         res[p]["seconds"] = time.time() - t
         if p in ("bytes", "memory", "ce", "trivia"):
             res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part

@@ -38,6 +38,10 @@ UNIT = 64
 TASK = {"unit": UNIT, "window": UNIT, "train_chunks": 4, "train_size": 256, "lengths": "4,8,16,32",
         "depths": "0,0.25,0.5,0.75,1", "test_per_cell": 20}
 SMOKE_TASK = {**TASK, "train_size": 16, "lengths": "4,8", "depths": "0,1", "test_per_cell": 2}
+# the targets' own test set (the grid's cells hold 20 streams, one 1.25 pp of a length's score): the lengths the targets
+# name, the depths outside the question's chunk, 125 streams each (500 a length: one stream 0.2 pp), from the same
+# evaluation split with other draws (data_seed 1), so not the grid's streams
+JUDGE = {**TASK, "lengths": "4,16", "depths": "0,0.25,0.5,0.75", "test_per_cell": 125, "data_seed": 1}
 # the recipe's rows: (label, method options, task options); each against the row it differs from
 RECIPE = [
     ("memory in 5 layers spread evenly (5,11,17,23,29), gate 0 (the old default)", {"layers": "auto", "n_layers": 5}, {}),
@@ -58,10 +62,10 @@ RECIPE = [
 RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]] + RECIPE[9:]   # the order rows were added in (their folders)
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
-            "ce_tokens": 16384, "ce_bucket": 1024,
+            "ce_tokens": 16384, "ce_bucket": 1024, "judge": JUDGE,
             "recipe_task": {**TASK, "lengths": "4,8", "depths": "0,0.5,1", "test_per_cell": 24, "validation": True}},
     "smoke": {"recipe": {"rounds": 1, "local_steps": 2}, "rounds": 1, "local_steps": 1, "task": SMOKE_TASK, "runs": "smoke",
-              "ce_tokens": 512, "ce_bucket": 128,
+              "ce_tokens": 512, "ce_bucket": 128, "judge": {**SMOKE_TASK, "lengths": "4", "depths": "0", "test_per_cell": 3, "data_seed": 1},
               "recipe_task": {**SMOKE_TASK, "validation": True}},
 }
 BASE = {"task": "passkey", "batch_size": 8, "lr": 1e-2, "dtype": "bf16", "progress": False}
@@ -203,6 +207,8 @@ def merge(old: dict, new: dict) -> dict:
             continue
         keep = [i for i, seed in enumerate(o["seeds"]) if seed not in r["seeds"]]
         m = {**o, **r, "seeds": [o["seeds"][i] for i in keep] + r["seeds"], "cells": [o["cells"][i] for i in keep] + r["cells"]}
+        if "judged" in o or "judged" in r:
+            m["judged"] = {**{k: v for k, v in o.get("judged", {}).items() if int(k) not in r["seeds"]}, **r.get("judged", {})}
         if "internals" in o or "internals" in r:
             m["internals"] = [o["internals"][i] for i in keep if "internals" in o] + r.get("internals", [])
         rows[name] = m
@@ -212,7 +218,7 @@ def merge(old: dict, new: dict) -> dict:
     retrieval = {name: {str(L): [by_length(c)[str(L)] for c in rows[name]["cells"]] for L in lengths}
                  for name in new["rows"] if rows[name]["cells"]}
     trend = {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in curves.items()}
-    out = {**new, "rows": rows, "retrieval": {**old["retrieval"], **retrieval}}
+    out = {**new, "rows": rows, "retrieval": {**old["retrieval"], **retrieval}, "retrieval_judged": judged_retrieval(rows)}
     out["ce"] = {**new["ce"], "curves": curves, "trend_last_vs_first": trend}
     ib = new["inference_bytes"]
     out["inference_bytes"] = {**ib, "fednl_state_fp32": ib["fednl_state_fp32"] or old["inference_bytes"]["fednl_state_fp32"]}
@@ -340,6 +346,17 @@ def by_length(cells: dict) -> dict[str, float]:
     return {L: float(np.mean(v)) for L, v in sorted(out.items(), key=lambda x: int(x[0]))}
 
 
+def judged_retrieval(rows: dict) -> dict:
+    """{row: {"<chunks>": [exact match outside the question's chunk, per seed in the row's order]}} on the targets' own
+    test set (JUDGE), for the rows evaluated on it."""
+    out = {}
+    for name, r in rows.items():
+        per = [by_length(r["judged"][str(seed)]) for seed in r["seeds"] if str(seed) in r.get("judged", {})]
+        if per:
+            out[name] = {L: [p[L] for p in per] for L in per[0]}
+    return out
+
+
 def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: set[str] | None = None,
                    baseline_seeds=None, from_runs: bool = False) -> dict:
     import torch
@@ -366,6 +383,10 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             rr = rows.setdefault(f"{name}, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
             rr["cells"].append(cached(out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
+            jkey = {"task": size["judge"], "code": s.get("code")}
+            for row, reset, f in ((rows[name], False, "eval-judge.json"), (rr, True, "eval-judge-reset.json")):
+                row.setdefault("judged", {})[str(c["seed"])] = cached(
+                    out / f, jkey, lambda reset=reset: evaluate_model(model(), size["judge"], UNIT, reset=reset))
             rows[name]["state_bytes"] = cached(out / "state-bytes.json", key, lambda: sum(
                 b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(model())))
             ce.setdefault(name, []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
@@ -392,8 +413,9 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     lengths = [int(x) for x in size["task"]["lengths"].split(",")]
     retrieval = {name: {str(L): [by_length(c)[str(L)] for c in r["cells"]] for L in lengths} for name, r in rows.items() if r["cells"]}
-    return {"rows": rows, "retrieval": retrieval, "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
-            "task": size["task"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR},
+    return {"rows": rows, "retrieval": retrieval, "retrieval_judged": judged_retrieval(rows),
+            "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
+            "task": size["task"], "judge": size["judge"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR},
             "lr_decay": {"FedNL": "cosine", "others": "none"}},
             "ce": {"tokens": size["ce_tokens"], "bucket": size["ce_bucket"], "window": UNIT, "curves": ce,
                    "trend_last_vs_first": {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in ce.items()}},
@@ -485,14 +507,30 @@ def markdown_retrieval(r: dict) -> list[str]:
     L += ["", f"Inference memory held for the context (exact bytes, fp32): FedNL's memory state {state}, plus the "
           f"{UNIT}-token window's KV cache ({ib['window_kv_fp32']:,} B); full attention's KV cache: "
           + ", ".join(f"{int(k) * UNIT} tokens {v / 2**20:.1f} MB" for k, v in ib["kv_cache_fp32"].items()) + ".", ""]
-    ret = r["retrieval"]
+    ret, jd = r["retrieval"], r.get("retrieval_judged", {})
+    if jd:
+        j = s["judge"]
+        n = len(j["depths"].split(",")) * j["test_per_cell"]
+        L += [f"The targets' own test set: {n} streams a length ({j['test_per_cell']} at each of the depths {j['depths']}, "
+              f"all outside the question's chunk; one stream {100 / n:.2f} pp), other draws of the evaluation split "
+              f"(data_seed {j['data_seed']}), the rows' final models. Exact match per seed:", "",
+              "| row | " + " | ".join(f"{L_} chunks" for L_ in j["lengths"].split(",")) + " | seeds |",
+              "|---|" + "---|" * (len(j["lengths"].split(",")) + 1)]
+        for name, v in jd.items():
+            seeds = [x for x in r["rows"][name]["seeds"] if str(x) in r["rows"][name]["judged"]]
+            L.append(f"| {name} | " + " | ".join(", ".join(f"{x:.3f}" for x in v[L_]) for L_ in j["lengths"].split(","))
+                     + f" | {', '.join(map(str, seeds))} |")
+        L.append("")
     if "FedNL" in ret:
         f = ret["FedNL"]
+        # the thresholds are decided on the targets' own test set where the FedNL row has it, else on the grid's cells
+        src, on = ((jd, "the targets' test set") if "FedNL" in jd
+                   else (ret, f"the grid's cells ({s['task']['test_per_cell']} streams each)"))
         def tgt(L_, thr):
-            return threshold_target(f.get(str(L_), []), thr)
-        L += ["| target | verdict (per seed) |", "|---|---|",
+            return threshold_target(src["FedNL"].get(str(L_), []), thr)
+        L += [f"Targets (thresholds on {on}):", "", "| target | verdict (per seed) |", "|---|---|",
               f"| FedNL >= 0.9 at 4 chunks | {tgt(4, 0.9)} |", f"| FedNL >= 0.5 at 16 chunks | {tgt(16, 0.5)} |"]
-        reset = ret.get("FedNL, memory reset per chunk", {})
+        reset = src.get("FedNL, memory reset per chunk", {})
         if reset:
             xs = [x for v in reset.values() for x in v]
             n = min(len(v) for v in reset.values())

@@ -426,6 +426,36 @@ def test_passkey_rows_run_again_add_their_seeds_to_the_stored_ones():
     assert again["rows"][name]["seeds"] == [1, 0] and again["ce"]["curves"][name] == [[4.0, 4.4], [1.0, 1.0]]
 
 
+def test_passkey_targets_are_decided_on_their_own_test_set_and_its_seeds_merge_by_seed():
+    """A FedNL row with the targets' test set (JUDGE: 500 streams a length) is judged on it, not on the grid's 20-stream
+    cells; a seed made again replaces its judged cells and keeps the other seeds'; without it, the grid's cells."""
+    import json
+    import fednl_retrieval as R
+    p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
+    p = {**p, "setting": {**p["setting"], "judge": R.JUDGE}, "rows": {**p["rows"]}}
+    name = "FedNL"
+    for k in (name, "FedNL, memory reset per chunk"):
+        p["rows"][k] = {**p["rows"][k], "seeds": [0, 1, 2], "cells": p["rows"][k]["cells"][:3]}
+        p["rows"][k].pop("judged", None)
+    grid_line = R.threshold_target(p["retrieval"][name]["4"], 0.9)
+    assert f"| FedNL >= 0.9 at 4 chunks | {grid_line} |" in "\n".join(R.markdown_retrieval({**p, "retrieval_judged": {}}))
+    cells = lambda x, y: {f"{L}/{d}": v for L, v in (("4", x), ("16", y)) for d in ("0", "0.25", "0.5", "0.75")}
+    p["rows"][name]["judged"] = {"0": cells(0.95, 0.6), "1": cells(0.91, 0.55), "2": cells(0.93, 0.7)}
+    p["rows"]["FedNL, memory reset per chunk"]["judged"] = {str(i): cells(0.0, 0.02) for i in range(3)}
+    p["retrieval_judged"] = R.judged_retrieval(p["rows"])
+    assert p["retrieval_judged"][name] == {"4": [0.95, 0.91, 0.93], "16": [0.6, 0.55, 0.7]}
+    md = "\n".join(R.markdown_retrieval(p))
+    assert "thresholds on the targets' test set" in md and "one stream 0.20 pp" in md
+    assert "| FedNL >= 0.9 at 4 chunks | met (0.95, 0.91, 0.93) |" in md
+    assert "| the reset control <= 0.1 at every length | met (max 0.02) |" in md
+    new = {**p, "rows": {name: {**p["rows"][name], "seeds": [1], "cells": [p["rows"][name]["cells"][1]],
+                                "judged": {"1": cells(0.85, 0.5)}}}}
+    m = R.merge(p, new)
+    assert m["rows"][name]["seeds"] == [0, 2, 1]
+    assert m["retrieval_judged"][name] == {"4": [0.95, 0.93, 0.85], "16": [0.6, 0.7, 0.5]}
+    assert "| FedNL >= 0.9 at 4 chunks | not met on every seed (2 of 3) (0.95, 0.93, 0.85) |" in "\n".join(R.markdown_retrieval(m))
+
+
 def test_recipe_rows_run_alone_join_the_stored_rows_in_the_recipes_order(monkeypatch, tmp_path):
     import json
     import fednl_retrieval as R
