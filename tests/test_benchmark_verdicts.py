@@ -445,7 +445,7 @@ def test_passkey_targets_are_decided_on_their_own_test_set_and_its_seeds_merge_b
     p["retrieval_judged"] = R.judged_retrieval(p["rows"])
     assert p["retrieval_judged"][name] == {"4": [0.95, 0.91, 0.93], "16": [0.6, 0.55, 0.7]}
     md = "\n".join(R.markdown_retrieval(p))
-    assert "thresholds on the targets' test set" in md and "one stream 0.20 pp" in md
+    assert "the thresholds on the targets' test set;" in md and "one stream 0.20 pp" in md
     assert "| FedNL >= 0.9 at 4 chunks | met (0.95, 0.91, 0.93) |" in md
     assert "| the reset control <= 0.1 at every length | met (max 0.02) |" in md
     new = {**p, "rows": {name: {**p["rows"][name], "seeds": [1], "cells": [p["rows"][name]["cells"][1]],
