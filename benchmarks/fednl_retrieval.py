@@ -11,7 +11,7 @@ the 7 digits. Training streams are 4 chunks, the needle in any chunk but the que
 32 chunks (256-2,048 tokens), needles at depths 0, 0.25, 0.5, 0.75 (outside the question's chunk) and 1.0 (inside
 it, reported apart), 20 streams a cell; evaluation needles and haystack never met in training. The targets (>= 0.9 at
 4 chunks, >= 0.5 at 16, the reset control <= 0.1) are decided on their own test set, JUDGE: 500 streams a length at 4
-and 16 chunks (one stream 0.2 pp), FedNL's rows and their reset twins only.
+and 16 chunks (one stream 0.2 pp), for FedNL's rows, their reset twins and the frozen backbone.
 
 recipe: one client trains FedNL alone (the same batches for every row) and is scored on validation streams (the
 training split's haystack and passkeys, other draws): what each choice of the recipe buys, and its cost a step.
@@ -410,7 +410,10 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if window:
             ce[name] = [cached(where / "backbone-ce.json", key, lambda: ce_curve(back, size, carry=True))]
         cells = cached(where / f"backbone-{window}.json", key, lambda: evaluate_model(back, size["task"], window))
-        rows[name] = {"seeds": ["-"], "cells": [cells], "errors": [], "note": "no training: one evaluation (seed-free)"}
+        judged = cached(where / f"backbone-{window}-judge.json", {**key, "task": size["judge"]},
+                        lambda: evaluate_model(back, size["judge"], window))
+        rows[name] = {"seeds": ["-"], "cells": [cells], "judged": {"-": judged}, "errors": [],
+                      "note": "no training: one evaluation (seed-free)"}
     cfg = back.config
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     lengths = [int(x) for x in size["task"]["lengths"].split(",")]
@@ -531,7 +534,8 @@ def markdown_retrieval(r: dict) -> list[str]:
                    else (ret, f"the grid's cells ({s['task']['test_per_cell']} streams each)"))
         def tgt(L_, thr):
             return threshold_target(src["FedNL"].get(str(L_), []), thr)
-        L += [f"Targets (the thresholds on {on}; the comparisons with other rows on the grid's cells, which every row has):", "", "| target | verdict (per seed) |", "|---|---|",
+        L += [f"Targets (the thresholds on {on}; the comparisons with other rows on the grid's cells, which every row "
+              "has, and on the targets' test set where both rows have it):", "", "| target | verdict (per seed) |", "|---|---|",
               f"| FedNL >= 0.9 at 4 chunks | {tgt(4, 0.9)} |", f"| FedNL >= 0.5 at 16 chunks | {tgt(16, 0.5)} |"]
         reset = src.get("FedNL, memory reset per chunk", {})
         if reset:
@@ -539,11 +543,14 @@ def markdown_retrieval(r: dict) -> list[str]:
             n = min(len(v) for v in reset.values())
             L.append(f"| the reset control <= 0.1 at every length | "
                      f"{('met' if max(xs) <= 0.1 else 'missed') if n >= 3 else f'inconclusive ({n} seed(s))'} (max {max(xs):.2f}) |")
-        full = ret.get("backbone, full attention")
+        full, jfull = ret.get("backbone, full attention"), jd.get("backbone, full attention") if "FedNL" in jd else None
         if full:
             for L_ in sorted(f, key=int):
                 L.append(f"| FedNL vs full attention at {int(L_) * UNIT} tokens | {np.mean(f[L_]):.2f} vs {full[L_][0]:.2f} "
                          f"(memory {ib['fednl_state_fp32'] / 2**20:.2f} MB vs KV {ib['kv_cache_fp32'][L_] / 2**20:.1f} MB) |")
+        for L_ in sorted(jfull or {}, key=int):     # the same comparison on the targets' test set
+            L.append(f"| FedNL vs full attention at {int(L_) * UNIT} tokens, the targets' test set | "
+                     f"{np.mean(jd['FedNL'][L_]):.3f} vs {jfull[L_][0]:.3f} |")
         for other in ("FedNL, constant lr", "FedAvg+LoRA, windowed", "FedAvg+LoRA, full attention"):
             if other in ret:
                 for L_ in sorted(f, key=int):

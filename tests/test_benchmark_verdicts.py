@@ -442,9 +442,12 @@ def test_passkey_targets_are_decided_on_their_own_test_set_and_its_seeds_merge_b
     cells = lambda x, y: {f"{L}/{d}": v for L, v in (("4", x), ("16", y)) for d in ("0", "0.25", "0.5", "0.75")}
     p["rows"][name]["judged"] = {"0": cells(0.95, 0.6), "1": cells(0.91, 0.55), "2": cells(0.93, 0.7)}
     p["rows"]["FedNL, memory reset per chunk"]["judged"] = {str(i): cells(0.0, 0.02) for i in range(3)}
+    p["rows"]["backbone, full attention"] = {**p["rows"]["backbone, full attention"], "judged": {"-": cells(1.0, 0.98)}}
     p["retrieval_judged"] = R.judged_retrieval(p["rows"])
     assert p["retrieval_judged"][name] == {"4": [0.95, 0.91, 0.93], "16": [0.6, 0.55, 0.7]}
     md = "\n".join(R.markdown_retrieval(p))
+    assert "| FedNL vs full attention at 1024 tokens, the targets' test set | 0.617 vs 0.980 |" in md
+    assert "| backbone, full attention | 1.000 | 0.980 | - |" in md
     assert "the thresholds on the targets' test set;" in md and "one stream 0.20 pp" in md
     assert "| FedNL >= 0.9 at 4 chunks | met (0.95, 0.91, 0.93) |" in md
     assert "| the reset control <= 0.1 at every length | met (max 0.02) |" in md
