@@ -217,11 +217,9 @@ def merge(old: dict, new: dict) -> dict:
         if name in new["ce"]["curves"] or name in old["ce"]["curves"]:    # a controlled row: one curve per seed, in its order
             curves[name] = [old["ce"]["curves"][name][i] for i in keep if name in old["ce"]["curves"]] + new["ce"]["curves"].get(name, [])
     lengths = [int(x) for x in new["setting"]["task"]["lengths"].split(",")]
-    retrieval = {name: {str(L): [by_length(c)[str(L)] for c in rows[name]["cells"]] for L in lengths}
-                 for name in new["rows"] if rows[name]["cells"]}
-    trend = {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in curves.items()}
+    retrieval = grid_retrieval({name: rows[name] for name in new["rows"]}, lengths)
     out = {**new, "rows": rows, "retrieval": {**old["retrieval"], **retrieval}, "retrieval_judged": judged_retrieval(rows)}
-    out["ce"] = {**new["ce"], "curves": curves, "trend_last_vs_first": trend}
+    out["ce"] = {**new["ce"], "curves": curves, "trend_last_vs_first": trends(curves)}
     ib = new["inference_bytes"]
     out["inference_bytes"] = {**ib, "fednl_state_fp32": ib["fednl_state_fp32"] or old["inference_bytes"]["fednl_state_fp32"]}
     return out
@@ -348,6 +346,17 @@ def by_length(cells: dict) -> dict[str, float]:
     return {L: float(np.mean(v)) for L, v in sorted(out.items(), key=lambda x: int(x[0]))}
 
 
+def grid_retrieval(rows: dict, lengths: list[int]) -> dict:
+    """{row: {"<chunks>": [exact match outside the question's chunk, per seed]}} on the grid's cells, for the rows that
+    have cells."""
+    return {name: {str(L): [by_length(c)[str(L)] for c in r["cells"]] for L in lengths} for name, r in rows.items() if r["cells"]}
+
+
+def trends(curves: dict) -> dict:
+    """{model: [CE of the last bucket over the first's, minus 1, per seed]}."""
+    return {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in curves.items()}
+
+
 def judged_retrieval(rows: dict) -> dict:
     """{row: {"<chunks>": [exact match outside the question's chunk, per seed in the row's order]}} on the targets' own
     test set (JUDGE), for the rows evaluated on it."""
@@ -417,13 +426,12 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     cfg = back.config
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     lengths = [int(x) for x in size["task"]["lengths"].split(",")]
-    retrieval = {name: {str(L): [by_length(c)[str(L)] for c in r["cells"]] for L in lengths} for name, r in rows.items() if r["cells"]}
-    return {"rows": rows, "retrieval": retrieval, "retrieval_judged": judged_retrieval(rows),
+    return {"rows": rows, "retrieval": grid_retrieval(rows, lengths), "retrieval_judged": judged_retrieval(rows),
             "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
             "task": size["task"], "judge": size["judge"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR},
             "lr_decay": {"FedNL": "cosine", "others": "none"}},
             "ce": {"tokens": size["ce_tokens"], "bucket": size["ce_bucket"], "window": UNIT, "curves": ce,
-                   "trend_last_vs_first": {k: [v[-1] / v[0] - 1 for v in vs] for k, vs in ce.items()}},
+                   "trend_last_vs_first": trends(ce)},
             "inference_bytes": {"kv_cache_fp32_per_token": kv_per_token,
                                 "kv_cache_fp32": {str(L): kv_per_token * L * UNIT for L in lengths},
                                 "fednl_state_fp32": next((r["state_bytes"] for r in rows.values() if "state_bytes" in r), None),
@@ -515,16 +523,15 @@ def markdown_retrieval(r: dict) -> list[str]:
     ret = r["retrieval"]
     jd = {k: v for k, v in r.get("retrieval_judged", {}).items() if k in r["rows"]}
     if jd:
-        j = s["judge"]
+        j, jl = s["judge"], s["judge"]["lengths"].split(",")
         n = len(j["depths"].split(",")) * j["test_per_cell"]
         L += [f"The targets' own test set: {n} streams a length ({j['test_per_cell']} at each of the depths {j['depths']}, "
               f"all outside the question's chunk; one stream {100 / n:.2f} pp), other draws of the evaluation split "
               f"(data_seed {j['data_seed']}), the rows' final models. Exact match per seed:", "",
-              "| row | " + " | ".join(f"{L_} chunks" for L_ in j["lengths"].split(",")) + " | seeds |",
-              "|---|" + "---|" * (len(j["lengths"].split(",")) + 1)]
+              "| row | " + " | ".join(f"{L_} chunks" for L_ in jl) + " | seeds |", "|---|" + "---|" * (len(jl) + 1)]
         for name, v in jd.items():
             seeds = [x for x in r["rows"][name]["seeds"] if str(x) in r["rows"][name]["judged"]]
-            L.append(f"| {name} | " + " | ".join(", ".join(f"{x:.3f}" for x in v[L_]) for L_ in j["lengths"].split(","))
+            L.append(f"| {name} | " + " | ".join(", ".join(f"{x:.3f}" for x in v[L_]) for L_ in jl)
                      + f" | {', '.join(map(str, seeds))} |")
         L.append("")
     if "FedNL" in ret:
