@@ -11,7 +11,8 @@ the 7 digits. Training streams are 4 chunks, the needle in any chunk but the que
 32 chunks (256-2,048 tokens), needles at depths 0, 0.25, 0.5, 0.75 (outside the question's chunk) and 1.0 (inside
 it, reported apart), 20 streams a cell; evaluation needles and haystack never met in training. The targets (>= 0.9 at
 4 chunks, >= 0.5 at 16, the reset control <= 0.1) are decided on their own test set, JUDGE: 500 streams a length at 4
-and 16 chunks (one stream 0.2 pp), for FedNL's rows, their reset twins and the frozen backbone.
+and 16 chunks (one stream 0.2 pp), for FedNL's rows, their reset twins and the frozen backbone. Why FedNL's score at 4
+chunks is what it is: the same streams with the needle's chunk moved next to the question, and alone (`WHY`).
 
 recipe: one client trains FedNL alone (the same batches for every row) and is scored on validation streams (the
 training split's haystack and passkeys, other draws): what each choice of the recipe buys, and its cost a step.
@@ -24,6 +25,7 @@ its KV cache grows with the input), and the LoRA baselines trained in both setti
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -209,8 +211,9 @@ def merge(old: dict, new: dict) -> dict:
             continue
         keep = [i for i, seed in enumerate(o["seeds"]) if seed not in r["seeds"]]
         m = {**o, **r, "seeds": [o["seeds"][i] for i in keep] + r["seeds"], "cells": [o["cells"][i] for i in keep] + r["cells"]}
-        if "judged" in o or "judged" in r:
-            m["judged"] = {**{k: v for k, v in o.get("judged", {}).items() if int(k) not in r["seeds"]}, **r.get("judged", {})}
+        for key in ("judged", "why"):       # {seed: ...}: the seeds made now replace theirs, the others stay
+            if key in o or key in r:
+                m[key] = {**{k: v for k, v in o.get(key, {}).items() if int(k) not in r["seeds"]}, **r.get(key, {})}
         if "internals" in o or "internals" in r:
             m["internals"] = [o["internals"][i] for i in keep if "internals" in o] + r.get("internals", [])
         rows[name] = m
@@ -257,9 +260,34 @@ def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
     return [g["value"] for g in got]
 
 
-def evaluate_model(model, task_opts: dict, window: int, reset: bool = False) -> dict:
-    """{cell: exact match} on the pass key's test streams."""
-    return template_cells(model, {**task_opts, "templates": "passkey"}, window, reset)["passkey"]
+def evaluate_model(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> dict:
+    """{cell: exact match} on the pass key's test streams (edit: as template_scores')."""
+    return template_scores(model, {**task_opts, "templates": "passkey"}, window, reset, edit)[0]["passkey"]
+
+
+def _chunks(s, order: list[int], unit: int):
+    """Stream s made of its chunks in `order` (the needle's chunk named by position in it); chunks and depth stay the
+    ones it was drawn with (its cell)."""
+    import torch
+
+    def cut(x):
+        return None if x is None else torch.cat([x[j * unit:(j + 1) * unit] for j in order])
+    return dataclasses.replace(s, ids=cut(s.ids), targets=cut(s.targets), gold_of=cut(s.gold_of),
+                               needle_chunk=order.index(s.needle_chunk))
+
+
+def needle_moved(s, unit: int):
+    """The same chunks with the needle's moved to just before the question's: the haystack chunks written after the
+    needle are written before it instead. Attention is local to a chunk, so the memory's writes are all that moves."""
+    return _chunks(s, [j for j in range(s.chunks - 1) if j != s.needle_chunk] + [s.needle_chunk, s.chunks - 1], unit)
+
+
+def needle_alone(s, unit: int):
+    """The needle's chunk, then the question's: nothing else written (a 2-chunk stream, shorter than any trained on)."""
+    return _chunks(s, [s.needle_chunk, s.chunks - 1], unit)
+
+
+WHY = {"needle moved next to the question": needle_moved, "needle's chunk alone before the question": needle_alone}
 
 
 def final_model(summary: dict, dtype: str = "bf16"):
@@ -398,6 +426,11 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             for row, reset, f in ((rows[name], False, "eval-judge.json"), (rr, True, "eval-judge-reset.json")):
                 row.setdefault("judged", {})[str(c["seed"])] = cached(
                     out / f, jkey, lambda reset=reset: evaluate_model(model(), size["judge"], UNIT, reset=reset))
+            if name == "FedNL":         # why its score at the shortest judged length: the needle's place, the haystack
+                wtask = {**size["judge"], "lengths": size["judge"]["lengths"].split(",")[0]}
+                rows[name].setdefault("why", {})[str(c["seed"])] = cached(
+                    out / "eval-judge-why.json", {"task": wtask, "edits": list(WHY), "code": s.get("code")},
+                    lambda: {k: evaluate_model(model(), wtask, UNIT, edit=f) for k, f in WHY.items()})
             rows[name]["state_bytes"] = cached(out / "state-bytes.json", key, lambda: sum(
                 b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(model())))
             ce.setdefault(name, []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
@@ -480,6 +513,37 @@ def threshold_target(xs: list[float], thr: float) -> str:
     return f"{word} ({', '.join(f'{x:.2f}' for x in xs)})"
 
 
+def markdown_why(row: dict) -> list[str]:
+    """FedNL's judged streams at their shortest length per depth: as drawn, and edited (WHY), per seed; and what the
+    edit changed, in the mean over depths and at the needle furthest back."""
+    why_ = {k: v for k, v in row.get("why", {}).items() if k in row.get("judged", {})}
+    if not why_:
+        return []
+    cells = {seed: {"as drawn": {c: x for c, x in row["judged"][seed].items() if c in next(iter(v.values()))}, **v}
+             for seed, v in why_.items()}
+    first = next(iter(cells.values()))["as drawn"]
+    ks = sorted(first, key=lambda c: float(c.split("/")[1]))
+    n = int(ks[0].split("/")[0])
+    back = [n - 1 - min(int(float(c.split("/")[1]) * (n - 1)), n - 2) for c in ks]      # chunks between needle and question
+    L = [f"Why FedNL scores what it does at {n} chunks: the same streams of the targets' test set with the needle's chunk "
+         "moved to just before the question's (the haystack chunks written after the needle are written before it "
+         "instead; attention is local to a chunk, so only the memory's writes move), and with the needle's chunk alone "
+         f"before the question (a 2-chunk stream, shorter than any trained on). Exact match per depth, FedNL's final "
+         "models:", "", "| seed | streams | " + " | ".join(f"depth {c.split('/')[1]} ({b} back)" for c, b in zip(ks, back))
+         + " | mean |", "|---|---|" + "---|" * (len(ks) + 1)]
+    for seed, v in cells.items():
+        for name, cs in v.items():
+            L.append(f"| {seed} | {name} | " + " | ".join(f"{cs[c]:.3f}" for c in ks) + f" | {np.mean([cs[c] for c in ks]):.3f} |")
+    far = ks[int(np.argmax(back))]
+    for name in list(WHY):
+        d = [np.mean(list(v[name].values())) - np.mean(list(v["as drawn"].values())) for v in cells.values()]
+        dfar = [v[name][far] - v["as drawn"][far] for v in cells.values()]
+        L.append(f"\n{name}, against as drawn (per seed {', '.join(cells)}): the mean over depths "
+                 f"{', '.join(f'{x:+.3f}' for x in d)}; at depth {far.split('/')[1]} ({max(back)} chunks back) "
+                 f"{', '.join(f'{x:+.3f}' for x in dfar)}.")
+    return L + [""]
+
+
 def markdown_retrieval(r: dict) -> list[str]:
     s = r["setting"]
     lens = sorted({k.split("/")[0] for row in r["rows"].values() for c in row["cells"] for k in c}, key=int)
@@ -533,7 +597,7 @@ def markdown_retrieval(r: dict) -> list[str]:
             seeds = [x for x in r["rows"][name]["seeds"] if str(x) in r["rows"][name]["judged"]]
             L.append(f"| {name} | " + " | ".join(", ".join(f"{x:.3f}" for x in v[L_]) for L_ in jl)
                      + f" | {', '.join(map(str, seeds))} |")
-        L.append("")
+        L += [""] + markdown_why(r["rows"].get("FedNL", {}))
     if "FedNL" in ret:
         f = ret["FedNL"]
         # the thresholds are decided on the targets' own test set where the FedNL row has it, else on the grid's cells
@@ -689,10 +753,11 @@ def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None
     return g
 
 
-def template_scores(model, task_opts: dict, window: int, reset: bool = False) -> tuple[dict, dict]:
+def template_scores(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> tuple[dict, dict]:
     """({template: {cell: exact match}}, {template: {cell: golds found}}) on the test streams of every template, from
     one forward: golds found = the fraction of gold values found (RULER's string-match-all, teacher forced; differs
-    from exact match where a stream asks several values)."""
+    from exact match where a stream asks several values). edit: each stream rebuilt by edit(stream, unit) first (its
+    cell stays the one it was drawn in)."""
     from lightfed import device
     from lightfed.models import backbones
     from lightfed.tasks import passkey
@@ -704,7 +769,7 @@ def template_scores(model, task_opts: dict, window: int, reset: bool = False) ->
     for t in o.names():
         ss = passkey.streams(o, tok, "eval", template=t)
         with device.using("cpu", "bf16"):
-            xs = passkey.scores(model, ss, window, reset=reset)
+            xs = passkey.scores(model, [edit(x, o.unit) for x in ss] if edit else ss, window, reset=reset)
         for m in (0, 1):
             cells: dict[str, list[float]] = {}
             for s, x in zip(ss, xs):

@@ -487,3 +487,56 @@ def test_recipe_rows_run_alone_join_the_stored_rows_in_the_recipes_order(monkeyp
     monkeypatch.setattr(R, "step_costs", lambda size: {"fresh": 1.0})
     other = {**stored, "setting": {**stored["setting"], "rounds": 3}}        # another setting: nothing kept
     assert [x["label"] for x in R.part_recipe("cpu", 1, {R.RECIPE[-2][0]}, other)["rows"]] == [R.RECIPE[-2][0]]
+
+
+def test_needle_moved_and_alone_rebuild_a_stream_from_its_own_chunks():
+    """WHY's edits: the needle's chunk moved next to the question keeps every chunk (only their order, hence the order
+    of the memory's writes, changes), and is the stream itself when the needle was already there; alone keeps the
+    needle's chunk and the question's. The cell stays the one the stream was drawn in."""
+    import torch
+    import fednl_retrieval as R
+    from lightfed.data.passkey import Stream
+    from lightfed.tasks import passkey
+    U, n = 3, 4
+    ids = torch.arange(n * U)
+    tgt = torch.zeros(n * U, dtype=torch.bool)
+    tgt[-2:] = True
+    chunk = lambda x, j: x[j * U:(j + 1) * U].tolist()      # noqa: E731
+    s = Stream(ids, tgt, n, 0.0, 0, "1234567")
+    m = R.needle_moved(s, U)
+    assert [chunk(m.ids, j) for j in range(n)] == [chunk(ids, 1), chunk(ids, 2), chunk(ids, 0), chunk(ids, 3)]
+    assert m.targets.tolist() == tgt.tolist() and m.needle_chunk == 2 and passkey.cell(m) == passkey.cell(s) == "4/0"
+    last = Stream(ids, tgt, n, 0.75, 2, "1234567")
+    assert R.needle_moved(last, U).ids.tolist() == ids.tolist()
+    a = R.needle_alone(Stream(ids, tgt, n, 0.5, 1, "1234567", gold_of=ids % 2), U)
+    assert a.ids.tolist() == chunk(ids, 1) + chunk(ids, 3) and a.gold_of.tolist() == [x % 2 for x in a.ids.tolist()]
+    assert a.targets.tolist() == [False] * (2 * U - 2) + [True] * 2 and a.needle_chunk == 0
+
+
+def test_why_table_sets_each_edit_beside_the_streams_as_drawn_and_merges_by_seed():
+    import json
+    import fednl_retrieval as R
+    p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
+    p = {**p, "setting": {**p["setting"], "judge": R.JUDGE}, "rows": {**p["rows"]}}
+    four = lambda *xs: {f"4/{d}": x for d, x in zip(("0", "0.25", "0.5", "0.75"), xs)}      # noqa: E731
+    judged = {str(i): {**four(0.8, 0.8, 0.9, 1.0), "16/0": 0.5} for i in range(3)}
+    why = {str(i): {"needle moved next to the question": four(1.0, 1.0, 1.0, 1.0),
+                    "needle's chunk alone before the question": four(0.7, 0.7, 0.7, 0.7)} for i in range(3)}
+    p["rows"]["FedNL"] = {**p["rows"]["FedNL"], "seeds": [0, 1, 2], "cells": p["rows"]["FedNL"]["cells"][:3],
+                          "judged": judged, "why": why}
+    p["retrieval_judged"] = R.judged_retrieval(p["rows"])
+    md = "\n".join(R.markdown_retrieval(p))
+    assert "| seed | streams | depth 0 (3 back) | depth 0.25 (3 back) | depth 0.5 (2 back) | depth 0.75 (1 back) | mean |" in md
+    assert "| 1 | as drawn | 0.800 | 0.800 | 0.900 | 1.000 | 0.875 |" in md
+    assert "| 2 | needle moved next to the question | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 |" in md
+    assert ("needle moved next to the question, against as drawn (per seed 0, 1, 2): the mean over depths +0.125, "
+            "+0.125, +0.125; at depth 0 (3 chunks back) +0.200, +0.200, +0.200.") in md
+    assert "at depth 0 (3 chunks back) -0.100, -0.100, -0.100." in md
+    moved = {"needle moved next to the question": four(0.5, 0.5, 0.5, 0.5),
+             "needle's chunk alone before the question": four(0.1, 0.1, 0.1, 0.1)}
+    new = {**p, "rows": {"FedNL": {**p["rows"]["FedNL"], "seeds": [1], "cells": [p["rows"]["FedNL"]["cells"][1]],
+                                   "judged": {"1": judged["1"]}, "why": {"1": moved}}}}
+    m = R.merge(p, new)["rows"]["FedNL"]["why"]
+    assert m == {"0": why["0"], "2": why["2"], "1": moved}
+    del p["rows"]["FedNL"]["why"]
+    assert "streams | depth 0" not in "\n".join(R.markdown_retrieval(p))
