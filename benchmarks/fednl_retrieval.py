@@ -11,8 +11,10 @@ the 7 digits. Training streams are 4 chunks, the needle in any chunk but the que
 32 chunks (256-2,048 tokens), needles at depths 0, 0.25, 0.5, 0.75 (outside the question's chunk) and 1.0 (inside
 it, reported apart), 20 streams a cell; evaluation needles and haystack never met in training. The targets (>= 0.9 at
 4 chunks, >= 0.5 at 16, the reset control <= 0.1) are decided on their own test set, JUDGE: 500 streams a length at 4
-and 16 chunks (one stream 0.2 pp), for FedNL's rows, their reset twins and the frozen backbone. Why FedNL's score at 4
-chunks is what it is: the same streams with the needle's chunk moved next to the question, and alone (`WHY`).
+and 16 chunks (one stream 0.2 pp), for the row they name (FedNL), its reset twin and the frozen backbone. Why FedNL's
+score at 4 chunks is what it is: the same streams with the needle's chunk moved next to the question, and alone (`WHY`).
+Why a FedNL row's carried CE rises along 16K tokens: the same model with its memory emptied every 4 chunks, the length
+of its training streams (`ce_bounded`).
 
 recipe: one client trains FedNL alone (the same batches for every row) and is scored on validation streams (the
 training split's haystack and passkeys, other draws): what each choice of the recipe buys, and its cost a step.
@@ -211,7 +213,7 @@ def merge(old: dict, new: dict) -> dict:
             continue
         keep = [i for i, seed in enumerate(o["seeds"]) if seed not in r["seeds"]]
         m = {**o, **r, "seeds": [o["seeds"][i] for i in keep] + r["seeds"], "cells": [o["cells"][i] for i in keep] + r["cells"]}
-        for key in ("judged", "why"):       # {seed: ...}: the seeds made now replace theirs, the others stay
+        for key in ("judged", "why", "ce_bounded"):     # {seed: ...}: the seeds made now replace theirs, the others stay
             if key in o or key in r:
                 m[key] = {**{k: v for k, v in o.get(key, {}).items() if int(k) not in r["seeds"]}, **r.get(key, {})}
         if "internals" in o or "internals" in r:
@@ -334,22 +336,22 @@ def heldout_austen_ids(n: int):
     return torch.tensor([tok(text[: n * 8], add_special_tokens=False)["input_ids"][:n]])
 
 
-def ce_buckets(model, ids, window: int, bucket: int, carry: bool = True) -> list[float]:
+def ce_buckets(model, ids, window: int, bucket: int, carry: bool = True, reset_every: int = 0) -> list[float]:
     """Next-token CE along `ids` (1, T), attention local to `window`-token chunks, the memory carried across chunks or
-    emptied at each (the ablation); the mean per `bucket` tokens."""
+    emptied at each (the ablation) or every `reset_every` chunks; the mean per `bucket` tokens."""
     from lightfed.models import streaming
-    nll, _ = streaming.stream_nll(model, ids, window, carry)
+    nll, _ = streaming.stream_nll(model, ids, window, carry, reset_every)
     k = nll.numel() // bucket
     return [float(x) for x in nll[: k * bucket].float().view(k, bucket).mean(1)]
 
 
-def ce_curve(model, size: dict, carry: bool) -> list[float]:
+def ce_curve(model, size: dict, carry: bool, reset_every: int = 0) -> list[float]:
     """CE per bucket along the first `ce_tokens` held-out Austen tokens, 64-token chunks, in bf16."""
     import torch
     from lightfed import device
     model.eval()
     with device.using("cpu", "bf16"), torch.no_grad():
-        return ce_buckets(model, heldout_austen_ids(size["ce_tokens"]), UNIT, size["ce_bucket"], carry)
+        return ce_buckets(model, heldout_austen_ids(size["ce_tokens"]), UNIT, size["ce_bucket"], carry, reset_every)
 
 
 def digit_hits(model, ids, tgt, window: int = UNIT):
@@ -422,11 +424,11 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             rr = rows.setdefault(f"{name}, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
             rr["cells"].append(cached(out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
-            jkey = {"task": size["judge"], "code": s.get("code")}
-            for row, reset, f in ((rows[name], False, "eval-judge.json"), (rr, True, "eval-judge-reset.json")):
-                row.setdefault("judged", {})[str(c["seed"])] = cached(
-                    out / f, jkey, lambda reset=reset: evaluate_model(model(), size["judge"], UNIT, reset=reset))
-            if name == "FedNL":         # why its score at the shortest judged length: the needle's place, the haystack
+            if name == "FedNL":         # the row the targets name: their own test set, and why its score at 4 chunks
+                jkey = {"task": size["judge"], "code": s.get("code")}
+                for row, reset, f in ((rows[name], False, "eval-judge.json"), (rr, True, "eval-judge-reset.json")):
+                    row.setdefault("judged", {})[str(c["seed"])] = cached(
+                        out / f, jkey, lambda reset=reset: evaluate_model(model(), size["judge"], UNIT, reset=reset))
                 wtask = {**size["judge"], "lengths": size["judge"]["lengths"].split(",")[0]}
                 rows[name].setdefault("why", {})[str(c["seed"])] = cached(
                     out / "eval-judge-why.json", {"task": wtask, "edits": list(WHY), "code": s.get("code")},
@@ -436,6 +438,9 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             ce.setdefault(name, []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
             ce.setdefault(f"{name}, memory reset per chunk", []).append(
                 cached(out / "ce-reset.json", key, lambda: ce_curve(model(), size, carry=False)))
+            k = c["task_options"]["train_chunks"]     # why its CE trend: the memory never holding more than it trained on
+            rows[name].setdefault("ce_bounded", {})[str(c["seed"])] = {"reset_every": k, "curve": cached(
+                out / "ce-bounded.json", {**key, "reset_every": k}, lambda: ce_curve(model(), size, True, k))}
     by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
     for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
         name, seed = label.rsplit(" s", 1)
@@ -544,6 +549,27 @@ def markdown_why(row: dict) -> list[str]:
     return L + [""]
 
 
+def markdown_ce_bounded(rows: dict, curves: dict) -> list[str]:
+    """Why a row's carried CE rises along the stream: the same model with its memory emptied every k chunks (its
+    training streams' length: the memory never holds more than it trained on) beside carried and emptied every chunk,
+    per seed: mean CE and trend (last bucket over first, minus 1)."""
+    L = []
+    for name, row in rows.items():
+        b = row.get("ce_bounded", {})
+        have = [(seed, row["seeds"].index(int(seed))) for seed in b if int(seed) in row["seeds"]]
+        if not have or name not in curves:
+            continue
+        k = b[have[0][0]]["reset_every"]
+        cell = lambda v: f"{np.mean(v):.3f}, {v[-1] / v[0] - 1:+.3f}"       # noqa: E731
+        L += ["", f"Why the CE trend ({name}): its memory emptied every {k} chunks (its training streams' length, so it "
+              "never holds more context than it trained on), beside carried and emptied every chunk; mean CE, trend:", "",
+              f"| seed | carried | emptied every {k} chunks | emptied every chunk |", "|---|---|---|---|"]
+        for seed, i in have:
+            L.append(f"| {seed} | {cell(curves[name][i])} | {cell(b[seed]['curve'])} | "
+                     f"{cell(curves[f'{name}, memory reset per chunk'][i])} |")
+    return L
+
+
 def markdown_retrieval(r: dict) -> list[str]:
     s = r["setting"]
     lens = sorted({k.split("/")[0] for row in r["rows"].values() for c in row["cells"] for k in c}, key=int)
@@ -643,6 +669,7 @@ def markdown_retrieval(r: dict) -> list[str]:
                 L += ["", f"Target, the carried memory's CE trend below the reset model's on every seed ({nm}): "
                       f"{('met' if ok else 'missed') if len(a_) >= 3 else f'inconclusive ({len(a_)} seed(s))'} "
                       f"({', '.join(f'{x:+.3f} vs {y:+.3f}' for x, y in zip(a_, b_))})."]
+        L += markdown_ce_bounded(r["rows"], ce["curves"])
     return L + ["", "![depth x length heat maps and exact match against inference memory](fednl_claims_retrieval.png)", ""]
 
 

@@ -540,3 +540,14 @@ def test_why_table_sets_each_edit_beside_the_streams_as_drawn_and_merges_by_seed
     assert m == {"0": why["0"], "2": why["2"], "1": moved}
     del p["rows"]["FedNL"]["why"]
     assert "streams | depth 0" not in "\n".join(R.markdown_retrieval(p))
+
+
+def test_ce_bounded_table_sets_the_memory_emptied_every_k_chunks_beside_carried_and_reset():
+    import fednl_retrieval as R
+    rows = {"FedNL": {"seeds": [0, 1], "cells": [{}, {}],
+                      "ce_bounded": {"1": {"reset_every": 4, "curve": [2.0, 2.2]}}}}
+    curves = {"FedNL": [[3.0, 3.3], [4.0, 5.0]], "FedNL, memory reset per chunk": [[1.0, 1.0], [2.0, 2.0]]}
+    md = "\n".join(R.markdown_ce_bounded(rows, curves))
+    assert "| seed | carried | emptied every 4 chunks | emptied every chunk |" in md
+    assert "| 1 | 4.500, +0.250 | 2.100, +0.100 | 2.000, +0.000 |" in md and "| 0 |" not in md
+    assert R.markdown_ce_bounded({"FedNL": {**rows["FedNL"], "ce_bounded": {}}}, curves) == []

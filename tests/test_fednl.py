@@ -226,6 +226,9 @@ def test_the_memory_carries_context_across_chunks():
     carried, _ = streaming.stream_nll(model, ids, 32)
     reset, _ = streaming.stream_nll(model, ids, 32, carry=False)
     assert torch.equal(carried[:31], reset[:31]) and not torch.allclose(carried[31:], reset[31:])
+    every1, _ = streaming.stream_nll(model, ids, 32, reset_every=1)
+    every2, _ = streaming.stream_nll(model, ids, 32, reset_every=2)     # chunks 0-1 carried, chunk 2 starts empty
+    assert torch.equal(every1, reset) and torch.equal(every2[:64], carried[:64]) and torch.equal(every2[64:], reset[64:])
 
 
 def test_grouped_memory_equals_one_state_per_query_head_with_repeated_keys():

@@ -107,14 +107,15 @@ def hidden(model, ids: torch.Tensor, window: int, st: delta_memory.Stream | None
 
 
 @torch.no_grad()
-def stream_nll(model, ids: torch.Tensor, window: int, carry: bool = True) -> tuple[torch.Tensor, int]:
+def stream_nll(model, ids: torch.Tensor, window: int, carry: bool = True, reset_every: int = 0) -> tuple[torch.Tensor, int]:
     """Per-token NLL along one long stream (1, T) in the chunked setting.  -> ((T - 1,), state bytes)
     Only one chunk's logits exist at a time. carry=False empties the memory at every chunk (an ablation:
-    the same model without the long context)."""
+    the same model without the long context); reset_every=k empties it before every k-th chunk (the context the
+    memory holds never longer than k chunks)."""
     out, last = [], None
     with delta_memory.stream(model) as st:
-        for s, e in _cut(ids.shape[1], window):
-            if not carry:
+        for i, (s, e) in enumerate(_cut(ids.shape[1], window)):
+            if not carry or (reset_every and i % reset_every == 0):
                 st.S.clear()
             h = model.model(input_ids=ids[:, s:e], use_cache=False).last_hidden_state[0]     # (C, d)
             h = h if last is None else torch.cat([last, h])                                  # + previous chunk's last
