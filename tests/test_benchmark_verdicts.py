@@ -551,3 +551,13 @@ def test_ce_bounded_table_sets_the_memory_emptied_every_k_chunks_beside_carried_
     assert "| seed | carried | emptied every 4 chunks | emptied every chunk |" in md
     assert "| 1 | 4.500, +0.250 | 2.100, +0.100 | 2.000, +0.000 |" in md and "| 0 |" not in md
     assert R.markdown_ce_bounded({"FedNL": {**rows["FedNL"], "ce_bounded": {}}}, curves) == []
+
+
+def test_templates_verdict_says_how_much_each_templates_client_trained():
+    import json
+    import fednl_retrieval as R
+    t = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["templates"]
+    md = "\n".join(R.markdown_templates(t))
+    assert "FedNL above FedALA: " in md and "each template's client about 64 local steps over the run (10 rounds x 3 of 7" in md
+    md = "\n".join(R.markdown_templates({**t, "setting": {**t["setting"], "rounds": 21}}))
+    assert "each template's client about 135 local steps over the run (21 rounds x 3 of 7" in md
