@@ -529,7 +529,8 @@ def markdown_why(row: dict) -> list[str]:
     first = next(iter(cells.values()))["as drawn"]
     ks = sorted(first, key=lambda c: float(c.split("/")[1]))
     n = int(ks[0].split("/")[0])
-    back = [n - 1 - min(int(float(c.split("/")[1]) * (n - 1)), n - 2) for c in ks]      # chunks between needle and question
+    from lightfed.data.passkey import chunk_of
+    back = [n - 1 - chunk_of(n, float(c.split("/")[1])) for c in ks]     # chunks from the needle's to the question's
     L = [f"Why FedNL scores what it does at {n} chunks: the same streams of the targets' test set with the needle's chunk "
          "moved to just before the question's (the haystack chunks written after the needle are written before it "
          "instead; attention is local to a chunk, so only the memory's writes move), and with the needle's chunk alone "
