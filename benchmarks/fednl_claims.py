@@ -19,7 +19,8 @@ Parts:
 - recipe, passkey, templates: FedNL's retrieval recipe measured centrally, then the federated passkey grid and the
           seven templates (benchmarks/fednl_retrieval.py; `retrieval` in the JSON: the single-needle exact match outside
           the question's chunk, {row: {chunks: [per seed]}}, on the grid's 20-stream cells; `retrieval_judged`: the same
-          on the targets' own test set, 500 streams a length at 4 and 16 chunks, for FedNL's rows and the backbone).
+          on the targets' own test set, 500 streams a length at 4 and 16 chunks, for the FedNL row the targets name, its
+          memory-reset twin and the backbone).
           They replace the first NIAH grid (512-token window, needles at depths 0 and 1 only, 8 steps a client), in
           which every method scored the same 0.259: it could not show a memory at work (issue 21), and its part was
           retired.

@@ -521,16 +521,15 @@ def threshold_target(xs: list[float], thr: float) -> str:
 def markdown_why(row: dict) -> list[str]:
     """FedNL's judged streams at their shortest length per depth: as drawn, and edited (WHY), per seed; and what the
     edit changed, in the mean over depths and at the needle furthest back."""
+    from lightfed.data.passkey import chunk_of
     why_ = {k: v for k, v in row.get("why", {}).items() if k in row.get("judged", {})}
     if not why_:
         return []
-    cells = {seed: {"as drawn": {c: x for c, x in row["judged"][seed].items() if c in next(iter(v.values()))}, **v}
-             for seed, v in why_.items()}
-    first = next(iter(cells.values()))["as drawn"]
-    ks = sorted(first, key=lambda c: float(c.split("/")[1]))
+    cells = {seed: {"as drawn": row["judged"][seed], **v} for seed, v in why_.items()}
+    ks = sorted(next(iter(next(iter(why_.values())).values())), key=lambda c: float(c.split("/")[1]))   # the edits' cells
     n = int(ks[0].split("/")[0])
-    from lightfed.data.passkey import chunk_of
     back = [n - 1 - chunk_of(n, float(c.split("/")[1])) for c in ks]     # chunks from the needle's to the question's
+    mean = lambda cs: np.mean([cs[c] for c in ks])                       # noqa: E731
     L = [f"Why FedNL scores what it does at {n} chunks: the same streams of the targets' test set with the needle's chunk "
          "moved to just before the question's (the haystack chunks written after the needle are written before it "
          "instead; attention is local to a chunk, so only the memory's writes move), and with the needle's chunk alone "
@@ -539,10 +538,10 @@ def markdown_why(row: dict) -> list[str]:
          + " | mean |", "|---|---|" + "---|" * (len(ks) + 1)]
     for seed, v in cells.items():
         for name, cs in v.items():
-            L.append(f"| {seed} | {name} | " + " | ".join(f"{cs[c]:.3f}" for c in ks) + f" | {np.mean([cs[c] for c in ks]):.3f} |")
+            L.append(f"| {seed} | {name} | " + " | ".join(f"{cs[c]:.3f}" for c in ks) + f" | {mean(cs):.3f} |")
     far = ks[int(np.argmax(back))]
     for name in list(WHY):
-        d = [np.mean(list(v[name].values())) - np.mean(list(v["as drawn"].values())) for v in cells.values()]
+        d = [mean(v[name]) - mean(v["as drawn"]) for v in cells.values()]
         dfar = [v[name][far] - v["as drawn"][far] for v in cells.values()]
         L.append(f"\n{name}, against as drawn (per seed {', '.join(cells)}): the mean over depths "
                  f"{', '.join(f'{x:+.3f}' for x in d)}; at depth {far.split('/')[1]} ({max(back)} chunks back) "

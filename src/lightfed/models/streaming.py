@@ -112,10 +112,10 @@ def stream_nll(model, ids: torch.Tensor, window: int, carry: bool = True, reset_
     Only one chunk's logits exist at a time. carry=False empties the memory at every chunk (an ablation:
     the same model without the long context); reset_every=k empties it before every k-th chunk (the context the
     memory holds never longer than k chunks)."""
-    out, last = [], None
+    out, last, every = [], None, reset_every if carry else 1
     with delta_memory.stream(model) as st:
         for i, (s, e) in enumerate(_cut(ids.shape[1], window)):
-            if not carry or (reset_every and i % reset_every == 0):
+            if every and i % every == 0:
                 st.S.clear()
             h = model.model(input_ids=ids[:, s:e], use_cache=False).last_hidden_state[0]     # (C, d)
             h = h if last is None else torch.cat([last, h])                                  # + previous chunk's last
