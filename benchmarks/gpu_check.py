@@ -33,7 +33,14 @@ KIND = {"vera": "clf", "probe": "clf"}     # every other method on the LM twin
 CONV = ("fedavg", "flite", "lora", "topk", "powersgd")   # ... and these on the ResNet-18 twin too
 
 
-def _round(name: str, kind: str, dev: str, dtype: str = "fp32") -> dict:
+# options under which a client combines what it received with its model (issue 45: each crashed on a GPU)
+VARIANTS = [("lora", {"method_options": {"mu": 0.1}}), ("flite", {"method_options": {"delta": True}}),
+            ("powersgd", {"method_options": {"factors": "own"}}), ("fedavg", {"dp_clip": 0.5, "dp_noise": 1.0}),
+            ("flite", {"method_options": {"delta": True}, "dp_clip": 0.5, "dp_noise": 1.0})]
+
+
+def _round(name: str, kind: str, dev: str, dtype: str = "fp32", extra: dict | None = None) -> dict:
+    """Two rounds of one client (what it keeps between rounds is used in the second); the second round's messages."""
     from lightfed import config as C, device, methods
     from lightfed.data.tensors import subset
     from lightfed.engine import protocol as P
@@ -41,34 +48,35 @@ def _round(name: str, kind: str, dev: str, dtype: str = "fp32") -> dict:
     from lightfed.models.backbones import seeded
     from lightfed.tasks import synthetic
     cfg = C.from_dict({"task": "synthetic", "method": name, "clients": 2, "batch_size": 8, "local_steps": 2, "lr": 1e-3,
-                       "device": dev, "dtype": dtype, "task_options": {"kind": kind}})
+                       "device": dev, "dtype": dtype, "task_options": {"kind": kind}, **(extra or {})})
     T = synthetic.build(synthetic.Options(kind=kind), 0)
     m = methods.build(cfg)
     with seeded(0):
         model = device.place(m.prepare(copy.deepcopy(T.model)), dev, dtype)
-    state = m.init_state(model)
-    down = P.broadcast(m, state, 1)
+    state, kept = m.init_state(model), {}
     t = time.perf_counter()
-    up, stats = P.client_round(m, model, down, subset(T.train, range(16)), ClientContext(0, 1, 5, cfg, T.loss, {}),
-                               cfg.max_message_bytes)
-    new, report = P.aggregate(m, state, [(0, up)], 1, max_bytes=cfg.max_message_bytes)
+    for rnd in (1, 2):
+        down = P.broadcast(m, state, rnd, 0)
+        up, stats = P.client_round(m, model, down, subset(T.train, range(16)), ClientContext(0, rnd, 5 + rnd, cfg, T.loss, kept),
+                                   cfg.max_message_bytes)
+        state, report = P.aggregate(m, state, [(0, up)], rnd, max_bytes=cfg.max_message_bytes, sampled=[0])
     return {"up": up, "down": down, "seconds": time.perf_counter() - t, "accepted": report["accepted"]}
 
 
 def part_methods(dev: str) -> list[dict]:
     from lightfed import methods
     rows = []
-    for name in methods.METHODS:
-        for kind in ([KIND.get(name, "lm")] + (["image"] if name in CONV else [])):
-            r = {"method": name, "task": f"synthetic/{kind}"}
-            try:
-                g, c = _round(name, kind, dev), _round(name, kind, "cpu")
-                r.update(ok=g["accepted"] == 1, seconds=g["seconds"], cpu_seconds=c["seconds"], up_bytes=len(g["up"]),
-                         same_down=g["down"] == c["down"], same_up=g["up"] == c["up"])
-            except Exception as e:  # noqa: BLE001 - reported, the check goes on
-                r.update(ok=False, error=repr(e)[:300])
-            rows.append(r)
-            print(f"[gpu_check] {name} {kind}: {r}", file=sys.stderr, flush=True)
+    cases = [(n, k, None) for n in methods.METHODS for k in [KIND.get(n, "lm")] + (["image"] if n in CONV else [])]
+    for name, kind, extra in cases + [(n, KIND.get(n, "lm"), e) for n, e in VARIANTS]:
+        r = {"method": name + (f" {extra}" if extra else ""), "task": f"synthetic/{kind}"}
+        try:
+            g, c = _round(name, kind, dev, extra=extra), _round(name, kind, "cpu", extra=extra)
+            r.update(ok=g["accepted"] == 1, seconds=g["seconds"], cpu_seconds=c["seconds"], up_bytes=len(g["up"]),
+                     same_down=g["down"] == c["down"], same_up=g["up"] == c["up"])
+        except Exception as e:  # noqa: BLE001 - reported, the check goes on
+            r.update(ok=False, error=repr(e)[:300])
+        rows.append(r)
+        print(f"[gpu_check] {name} {kind}: {r}", file=sys.stderr, flush=True)
     return rows
 
 

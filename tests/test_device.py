@@ -172,3 +172,63 @@ def test_flower_nodes_may_compute_on_their_own_device_and_ray_is_asked_for_gpus_
     if not torch.cuda.is_available():
         with pytest.raises(C.ConfigError, match="client_gpus = 0.5, but torch sees no CUDA device"):
             options(tiny_config("sentiment", "fedavg", engine_options={"client_gpus": 0.5}))
+
+
+# Every method on one of its tasks, and each option under which a client combines what it received with its model
+# (FedProx's anchor, FLITE's delta, PowerSGD's and top-k's residuals, FedALA's mix, FedSSI's importance, DP's clip),
+# or the server treats uploads otherwise (a robust rule, secure aggregation).
+DOWNLINK = [(m, t, {}) for m, t in ONE_TASK] + [
+    ("lora", "sentiment", {"method_options": {"mu": 0.1}}),
+    ("flite", "sentiment", {"method_options": {"delta": True}}),
+    ("powersgd", "sentiment", {"method_options": {"factors": "own"}}),
+    ("fedavg", "sentiment", {"dp_clip": 0.5, "dp_noise": 1.0}),
+    ("flite", "sentiment", {"method_options": {"delta": True}, "dp_clip": 0.5, "dp_noise": 1.0}),
+    ("decomfl", "sentiment", {"lr": 1e-2, "dp_clip": 0.5, "dp_noise": 1.0, "method_options": {"z": "counter"}}),
+    ("fedspzo", "sentiment", {"lr": 1e-2, "method_options": {"z": "counter", "down": "seeds"}}),
+    ("fedavg", "sentiment", {"robust": "median"}),
+    ("lora", "sentiment", {"secagg": True, "clients": 3, "fraction": 1.0}),
+]
+
+
+@pytest.mark.parametrize("name,task,extra", DOWNLINK, ids=[f"{m}-{t}-{'-'.join(map(str, e.values())) or 'default'}"
+                                                         for m, t, e in DOWNLINK])
+def test_a_client_on_a_gpu_receives_and_combines_tensors_on_its_device_only(name, task, extra, monkeypatch):
+    """On a fake GPU (tests/fake_device.py: every op a real GPU would refuse for mixing devices fails here too), two
+    rounds of three clients: every tensor handed to `client_update` (the decoded downlink and the client's own state)
+    lives on the device, no op inside mixes devices, the uploads are encoded and the server aggregates them on the
+    CPU, and what a client keeps between rounds (checkpointed, so loaded on the host after a resume) is on the host."""
+    from fake_device import FakeCuda
+    from lightfed import secagg
+    from lightfed.seeds import derive
+    T = tiny_task(task)
+    cfg = tiny_config(task, name, device="cuda", **extra)
+    m = methods.build(cfg)
+    with seeded(0):
+        model = m.prepare(copy.deepcopy(T.model))
+    state = m.init_state(model)
+    fk, handed = FakeCuda(), []
+    update = m.client_update
+
+    def spy(model, down, data, ctx):
+        handed.append(sorted(k for k, v in {**down, **ctx.state}.items() if torch.is_tensor(v) and not fk.on_device(v)))
+        return update(model, down, data, ctx)
+
+    monkeypatch.setattr(m, "client_update", spy)
+    kept: dict[int, dict] = {}
+    with fk.installed(monkeypatch):
+        device.place(model, cfg.device, cfg.dtype)
+        for rnd in (1, 2):
+            ids = [0, 1, 2]
+            sec = secagg.Round(ids, cfg.secagg_threshold) if cfg.secagg else None
+            uploads = []
+            for cid in ids:
+                ctx = ClientContext(cid, rnd, derive(cfg.seed, rnd, cid), cfg, T.loss, kept.setdefault(cid, {}))
+                up, _ = P.client_round(m, model, P.broadcast(m, state, rnd, cid), subset(T.train, range(8 * cid, 8 * cid + 8)),
+                                       ctx, cfg.max_message_bytes)
+                uploads.append((cid, sec.mask(cid, up, m, P.up_schema(m)) if sec else up))
+            state, report = (sec.aggregate(m, P.up_schema(m), state, rnd, ids) if sec else
+                             P.aggregate(m, state, uploads, rnd, max_bytes=cfg.max_message_bytes, sampled=ids))
+            assert report["accepted"] == 3 and not report["rejected"], report
+            assert not any(fk.on_device(v) for v in state.values() if torch.is_tensor(v)), "the server's state: CPU"
+            assert not any(fk.on_device(v) for s in kept.values() for v in s.values() if torch.is_tensor(v))
+    assert len(handed) == 6 and handed == [[]] * 6, f"tensors handed to client_update on the host: {handed}"

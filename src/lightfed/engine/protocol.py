@@ -46,6 +46,9 @@ def received(method: Method, state, rnd: int, max_bytes: int) -> dict:
 
 def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data, ctx: ClientContext,
                  max_bytes: int) -> tuple[bytes, dict]:
+    """Decode the downlink, train, encode the upload. The one place where tensors change device: the decoded fields
+    and the client's own state go to the run's device before `client_update`, the update and the state come back to
+    the CPU after it (privacy and the wire work on CPU tensors), so a method never sees two devices."""
     kinds = {f"{method.name}/{k}": schema for k, schema in method.down_kinds(ctx).items()}
     kind = kind_of(down, kinds) or f"{method.name}/down"          # none of them: decode says why
     fields = decode(down, kinds.get(kind, method.down_schema()), kind=kind, max_bytes=max_bytes)
@@ -53,11 +56,16 @@ def client_round(method: Method, model: torch.nn.Module, down: bytes, data: Data
     kept = dict(ctx.state)        # the client's state changes only with an upload that went out
     if ctx.cfg.dp_clip > 0 and method.dp == "scalars":        # clipped + noised per step, inside the method's loop
         ctx.step_noise = lambda K: privacy.StepNoise(ctx.cfg, ctx.seed, K)
+    dev, cpu = device.resolve(ctx.cfg.device), torch.device("cpu")
     try:
+        fields = device.to(fields, dev)
+        ctx.state.update(device.to(dict(ctx.state), dev))
         with device.using(ctx.cfg.device, ctx.cfg.dtype):
             update, stats = method.client_update(model, fields, data, ctx)
+        update = device.to(update, cpu)
+        ctx.state.update(device.to(dict(ctx.state), cpu))
         if ctx.cfg.dp_clip > 0 and method.dp == "delta":      # ("scalars": clipped + noised per step by the method)
-            update, dp_stats = privacy.privatize(update, method.dp_reference(fields), ctx.cfg, ctx.seed)
+            update, dp_stats = privacy.privatize(update, device.to(method.dp_reference(fields), cpu), ctx.cfg, ctx.seed)
             stats = {**stats, **dp_stats}
         return encode({**update, EXAMPLES: size(data)}, up_schema(method), kind=f"{method.name}/up"), stats
     except BaseException:

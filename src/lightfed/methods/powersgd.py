@@ -112,7 +112,7 @@ class PowerSGD(fedavg.FedAvg):
             else:
                 Q = ctx.state.get(k + ".Q")
                 if Q is None:
-                    Q = torch.randn(M.shape[1], self.opts.rank, generator=g)   # (cols, r)
+                    Q = torch.randn(M.shape[1], self.opts.rank, generator=g).to(M.device)   # (cols, r), drawn on the CPU
                 P = torch.linalg.qr(M @ Q).Q                                    # (rows, r), orthonormal
                 Q = M.T @ P                                                     # (cols, r)
                 out[k + ".P"], out[k + ".Q"] = P, Q

@@ -60,7 +60,7 @@ class Probe(Method):
             hook.remove()
             model.train(was)
         f = torch.cat(feats)                                        # (n, d)
-        y = data["labels"]
+        y = data["labels"].to(f.device)
         onehot = torch.nn.functional.one_hot(y, self.C).double()    # (n, C)
         up = {"sum": (onehot.T @ f).float(), "sq": (onehot.T @ (f * f).sum(1)).float(), "count": onehot.sum(0).float()}
         return up, {"steps": 0, "samples": size(data), "flops": fc.get_total_flops(), "loss": 0.0}
