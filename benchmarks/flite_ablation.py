@@ -75,7 +75,7 @@ def configs(rounds: int, seeds: list[int], quick: bool, only: set | None) -> tup
             if extra.get("probe"):
                 c["init"] = probe_out
                 if not any(p[1]["out"] == probe_out for p in probes):
-                    probes.append((f"probe s{seed}", {**base, "method": "probe", "rounds": 1, "out": probe_out}))
+                    probes.append((f"probe s{seed}", {**base, "method": "probe", "rounds": 1, "lr": 0.0, "out": probe_out}))
             grid.append((f"{label} s{seed}", c))
     return probes, grid
 

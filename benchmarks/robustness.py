@@ -444,7 +444,7 @@ def probe_out(seed: int) -> str:
 
 def probes(seeds) -> None:
     """The federated linear probe FedSPZO's hostile runs start from (one round, forward only; reused)."""
-    todo = [(f"probe s{s}", {**BASE, "method": "probe", "rounds": 1, "local_steps": 0, "lr": 1e-3, "seed": s,
+    todo = [(f"probe s{s}", {**BASE, "method": "probe", "rounds": 1, "local_steps": 0, "lr": 0.0, "seed": s,
                              "out": probe_out(s)}) for s in seeds if not (Path(probe_out(s)) / "summary.json").exists()]
     if todo:
         run_grid(todo, 2)

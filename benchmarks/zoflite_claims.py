@@ -136,7 +136,7 @@ def configs(S: dict, seeds, quick: bool, calibrate: bool = False, only: list[str
     probes, grid = [], []
     probe = {seed: str(runs / f"probe-s{seed}") for seed in seeds} if S["probe"] else {}
     for seed in probe:
-        probes.append((f"probe s{seed}", {**_base(S, quick, seed), "method": "probe", "rounds": 1, "local_steps": 0,
+        probes.append((f"probe s{seed}", {**_base(S, quick, seed), "method": "probe", "rounds": 1, "local_steps": 0, "lr": 0.0,
                                           "out": probe[seed]}))
     for label, m, opts in S["methods"]:
         if only and m not in only:

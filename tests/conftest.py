@@ -27,6 +27,8 @@ def tiny_config(task="sentiment", method="fedavg", tmp_path=None, **kw) -> confi
     d = {"task": task, "method": method, "clients": 4, "rounds": 2, "fraction": 0.5, "batch_size": 8,
          "local_steps": 2, "lr": 1e-3, "progress": False, "task_options": TINY[task]}
     d.update(kw)
+    if "lr" not in kw and not __import__("lightfed.methods", fromlist=["METHODS"]).METHODS[method].lr:
+        d.pop("lr")                                 # a closed form has no lr (a run that sets one is refused)
     cfg = config.from_dict(d)
     if tmp_path is not None:
         cfg.out = str(tmp_path)

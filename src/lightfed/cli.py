@@ -8,6 +8,9 @@ r"""lightfed's command line.
     lightfed run --engine flower-sim  the same run on Flower's Simulation Engine (docs/flower.md)
     lightfed list                     tasks and methods with their options
     lightfed pretrain fmnist          build lightfed's own Fashion-MNIST base (cached)
+    lightfed export runs/x --to DIR   the final model as a folder (transformers loads it; FedNL: + its memory rules)
+    lightfed ask DIR --file long.txt "What is the pass key? The pass key is"     a causal LM (FedNL: any length)
+    lightfed predict DIR --file texts.csv             a classifier: one label per text
 """
 from __future__ import annotations
 
@@ -57,6 +60,25 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--to", required=True, metavar="DIR")
     ex.add_argument("--adapter", action="store_true", help="LoRA-family runs: write the adapters alone (PEFT layout)")
     ex.add_argument("--client", type=int, metavar="K", help="personalised runs (fedala, local): client K's own model")
+    ex.add_argument("--set", action="append", default=[], metavar="device=D",
+                    help="where the model is rebuilt to be written (default cpu, whatever device the run recorded)")
+    ex.add_argument("--base-ref", action="store_true",
+                    help="fednl: do not copy the base model; lightfed.json names the local folder it came from")
+    ak = sub.add_parser("ask", help="ask a trained causal LM (an export or a run folder) a question about a text")
+    ak.add_argument("model", metavar="DIR", help="a folder `lightfed export` wrote, or a finished run's folder")
+    ak.add_argument("question", help="asked after the text; the model's greedy answer is printed")
+    ak.add_argument("--file", help="the text (UTF-8, any length); without it, --text")
+    ak.add_argument("--text", default="", help="the text itself")
+    ak.add_argument("--window", type=int, help="tokens a chunk (default: the model's own; 0: all at once)")
+    ak.add_argument("--max-new", type=int, default=32, help="the most tokens the answer takes")
+    ak.add_argument("--reset", action="store_true", help="empty the memory at every chunk (the control)")
+    ak.add_argument("--device", default="cpu")
+    pr = sub.add_parser("predict", help="label texts with a trained classifier (an export or a run folder)")
+    pr.add_argument("model", metavar="DIR")
+    pr.add_argument("--file", required=True, help="a .txt file (one text a line) or a .csv/.jsonl/.parquet table")
+    pr.add_argument("--column", default="text", help="a table's text column")
+    pr.add_argument("--out", help="write a CSV (text, label) there instead of printing labels")
+    pr.add_argument("--device", default="cpu")
     sub.add_parser("list", help="tasks and methods with their options")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
@@ -69,8 +91,8 @@ def build_configs(a: argparse.Namespace) -> list[C.RunConfig]:
     """Flags -> validated configs (one per method). Everything is checked before any work."""
     from lightfed.engine import local
 
-    plain = not any([a.task, a.method, a.clients, a.rounds, a.partition, a.seed is not None, a.config, a.opt,
-                     a.task_opt, a.set, a.model, a.data])
+    plain = not any([a.task, a.method, a.clients, a.rounds, a.partition, a.config, a.opt, a.task_opt, a.set, a.model,
+                     a.data])           # --seed, --out and --no-progress keep the main job
     cfg = C.from_dict(MAIN_JOB) if plain else C.RunConfig()
     if a.config:
         cfg = C.load_toml(a.config, cfg)
@@ -81,7 +103,8 @@ def build_configs(a: argparse.Namespace) -> list[C.RunConfig]:
     cfg.method_options = {**cfg.method_options, **dict(C.parse_assignment(s) for s in a.opt)}
     cfg.task_options = {**cfg.task_options, **dict(C.parse_assignment(s) for s in a.task_opt),
                         **({"model": a.model} if a.model else {}), **({"data": a.data} if a.data else {})}
-    cfg.progress = not a.no_progress
+    if a.no_progress:
+        cfg.progress = False
     names = a.method.split(",") if a.method else (MAIN_METHODS if plain else [cfg.method])
     out = []
     for m in names:
@@ -94,6 +117,35 @@ def build_configs(a: argparse.Namespace) -> list[C.RunConfig]:
     return out
 
 
+def resume_config(a: argparse.Namespace) -> C.RunConfig:
+    """--resume DIR: the run in DIR as it was configured; --rounds N continues it to N rounds, --set device=... computes
+    elsewhere; any other flag would be ignored, so it is refused."""
+    from lightfed.engine import local
+    sets = dict(C.parse_assignment(x) for x in a.set)
+    ignored = [flag for flag, given in (("--task", a.task), ("--method", a.method), ("--clients", a.clients),
+                                        ("--partition", a.partition), ("--seed", a.seed is not None), ("--out", a.out),
+                                        ("--config", a.config), ("--opt", a.opt), ("--task-opt", a.task_opt),
+                                        ("--data", a.data), ("--model", a.model)) if given]
+    ignored += [f"--set {k}" for k in sets if k != "device"]
+    if ignored:
+        raise C.ConfigError(f"--resume {a.resume}: {', '.join(ignored)} would be ignored: a resumed run keeps its own "
+                            "config (DIR/config.json); with --resume give only --rounds N (continue to N rounds), "
+                            "--set device=..., --engine or --no-progress")
+    if "device" in sets and not isinstance(sets["device"], str):
+        raise C.ConfigError(f"device = {sets['device']!r}: expected a string")
+    cfg = local.resume_config(a.resume, a.rounds, sets.get("device"))
+    if a.no_progress:
+        cfg.progress = False
+    try:
+        local.check(cfg)
+    except C.ConfigError as e:
+        if "device" in str(e) and "device" not in sets:
+            raise C.ConfigError(f"{e}. The run was recorded with device = {cfg.device!r}: --resume {a.resume} --set "
+                                "device=cpu (or auto) continues it on this machine") from None
+        raise
+    return cfg
+
+
 def table(summaries: list[dict]) -> str:
     from lightfed.report import results_table
     return results_table(summaries)
@@ -103,13 +155,12 @@ def cmd_run(a) -> int:
     from lightfed.engine import local
 
     if a.resume:
+        cfg = resume_config(a)
         if a.engine == "flower-sim":
             from lightfed.engine import flower_app
-            if not (Path(a.resume) / "config.json").is_file():
-                raise C.ConfigError(f"--resume {a.resume!r}: no config.json there")
-            s = flower_app.run_simulation(C.load_json(Path(a.resume) / "config.json"), resume=True)
+            s = flower_app.run_simulation(cfg, resume=True)
         else:
-            s = local.run(resume=a.resume)
+            s = local.run(cfg, resume=a.resume)
         print(table([s]))
         return 0
     cfgs = build_configs(a)
@@ -135,6 +186,46 @@ def cmd_run(a) -> int:
     return 0
 
 
+def cmd_ask(a) -> int:
+    from lightfed.trained import LM, load
+    if bool(a.file) == bool(a.text):
+        raise C.ConfigError("ask: give the text with --file PATH or --text TEXT (one of them)")
+    m = load(a.model, a.device)
+    if not isinstance(m, LM):
+        raise C.ConfigError(f"ask: {a.model} is a classifier; use `lightfed predict {a.model} --file ...`")
+    text = Path(a.file) if a.file else a.text
+    if a.file and not Path(a.file).is_file():
+        raise C.ConfigError(f"ask: --file {a.file!r}: no such file")
+    print(m.ask(text, a.question, window=a.window, max_new=a.max_new, reset=a.reset))
+    return 0
+
+
+def cmd_predict(a) -> int:
+    import csv
+    from lightfed.data.user import read_table
+    from lightfed.trained import Classifier, load
+    p = Path(a.file)
+    if p.suffix == ".txt":
+        if not p.is_file():
+            raise C.ConfigError(f"predict: --file {a.file!r}: no such file")
+        texts = [x for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
+    else:
+        texts = [str(x) for x in read_table(p, [a.column])[a.column]]
+    m = load(a.model, a.device)
+    if not isinstance(m, Classifier):
+        raise C.ConfigError(f"predict: {a.model} is a causal LM; use `lightfed ask {a.model} ...`")
+    labels = m.predict(texts)
+    if a.out:
+        with open(a.out, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            w.writerows(zip(texts, labels))
+        print(f"lightfed: {len(texts)} texts labelled in {a.out}", file=sys.stderr)
+    else:
+        print("\n".join(map(str, labels)))
+    return 0
+
+
 def cmd_list() -> int:
     from lightfed import methods, tasks
 
@@ -146,13 +237,16 @@ def cmd_list() -> int:
         print(f"  {name:10s} {opts(t.Options)}")
     print("methods:")
     for name, m in methods.METHODS.items():
-        decay = f", lr_decay {m.lr_decay}" if m.lr_decay != "none" else ""
+        decay = (f", lr_decay {m.lr_decay}" if m.lr_decay != "none" else "") + (
+            "; fp32 only (zeroth order: bf16 rounds its loss differences away), no optimizer setting" if m.zeroth_order
+            else "" if m.optimizer else "; no optimizer setting")
         print(f"  {name:14s} {f'lr {m.lr:g}' if m.lr else 'no lr (closed form)'}{decay}; {opts(m.Options)}")
         if getattr(m, "defaults_why", ""):
             print(f"  {'':14s} ({m.defaults_why})")
     print("partitions: iid | dirichlet:ALPHA | domain (trivia: subject groups; austen: novels)")
     print("lr: each method's recommended lr, used when the run sets none (lr = 0); --set lr=X always wins; likewise "
-          "lr_decay (none unless shown; --set lr_decay=none|cosine)")
+          "lr_decay (none unless shown; --set lr_decay=none|cosine) and optimizer (adamw unless shown; --set "
+          "optimizer=adamw|sgd); a setting a method cannot honour is refused")
     print("run settings (--set KEY=VALUE):", ", ".join(f"{k}={v!r}" for k, v in C.RunConfig().to_dict().items()
                                                        if k not in ("method_options", "task_options", "engine_options")))
     return 0
@@ -167,9 +261,17 @@ def main(argv=None) -> int:
             return cmd_list()
         if a.cmd == "export":
             from lightfed.export import export
-            r = export(a.run, a.to, a.adapter, a.client)
+            sets = dict(C.parse_assignment(x) for x in a.set)
+            if set(sets) - {"device"}:
+                raise C.ConfigError(f"export: --set {', '.join(sorted(set(sets) - {'device'}))}: only device=... can be set; "
+                                    "the rest is the run's")
+            r = export(a.run, a.to, a.adapter, a.client, device=str(sets.get("device", "cpu")), base_ref=a.base_ref)
             print(f"lightfed: exported the {r['model']} model ({r['kind']}) to {r['dir']}", file=sys.stderr)
             return 0
+        if a.cmd == "ask":
+            return cmd_ask(a)
+        if a.cmd == "predict":
+            return cmd_predict(a)
         if a.cmd == "report":
             from lightfed.report import make_report
             r = make_report(a.runs, a.out or Path(a.runs[0]) / "report", a.html)

@@ -38,7 +38,8 @@ class RunConfig:
     lr_decay: str = ""              # none | cosine: each round's lr x 0.5 (1 + cos(pi (round - 1) / rounds)), first-order
                                     # methods (the local optimizer restarts every round; late rounds then move little);
                                     # "": the method's recommended one (`lightfed list`); config.json records the one used
-    optimizer: str = "adamw"        # adamw | sgd
+    optimizer: str = ""             # adamw | sgd: first-order methods' local optimizer; "": the method's (adamw;
+                                    # zeroth-order and closed-form methods have none and refuse one, and weight_decay)
     weight_decay: float = 0.0
     eval_every: int = 1
     eval_start: bool = True         # False: no evaluation at round 0 (e.g. a grid whose runs all start from one pretrained
@@ -202,7 +203,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.batch_size >= 1, f"batch_size = {cfg.batch_size}: must be >= 1")
     need(cfg.lr >= 0, f"lr = {cfg.lr}: must be > 0 (or 0: the method's recommended lr)")
     need(cfg.lr_decay in ("", "none", "cosine"), f"lr_decay = {cfg.lr_decay!r}: use none or cosine")
-    need(cfg.optimizer in ("adamw", "sgd"), f"optimizer = {cfg.optimizer!r}: use adamw or sgd")
+    need(cfg.optimizer in ("", "adamw", "sgd"), f"optimizer = {cfg.optimizer!r}: use adamw or sgd")
     need(cfg.eval_every >= 1, f"eval_every = {cfg.eval_every}: must be >= 1")
     need(cfg.max_message_bytes > 0, "max_message_bytes must be > 0")
     need(1 <= cfg.max_examples <= 2**32 - 1, "max_examples must be in [1, 2**32 - 1]")

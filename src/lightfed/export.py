@@ -6,7 +6,10 @@ that transformers loads with from_pretrained.
   `--adapter` instead writes the adapters alone (adapter_model.safetensors + adapter_config.json, as PEFT
   saves them) next to the base model's name.
 - Weight-space methods (fedavg, fedprox, top-k, PowerSGD, the zeroth-order ones): the weights as they are.
-- FedNL: its memory branches are not a transformers architecture: refused with what to do instead.
+- FedNL: the frozen base model (save_pretrained, without its memory branches: from_pretrained gives the base) + the
+  trained rules theta in memory.safetensors + the memory's config in lightfed.json; `lightfed.load(DIR)` rebuilds the
+  model that streams (memory branches attached, theta loaded) and answers with `.ask` (`lightfed ask`).
+  `base_ref`: the base is not copied; lightfed.json names the local folder it was loaded from.
 - Personalised methods: `--client K` exports client K's own model (FedALA's mix, local-only's own adapters);
   local-only without it is refused (its server state never moves: the "global" model is the untrained start),
   FedALA without it exports the global aggregate and says so. `lightfed.json` names which model it is.
@@ -25,6 +28,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
+from lightfed import assets
 from lightfed import config as C
 from lightfed import methods
 from lightfed.models import backbones, latent
@@ -67,17 +71,20 @@ def lora_adapters(model: nn.Module, method) -> tuple[dict, dict]:
     return tensors, cfg
 
 
-def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: int | None = None) -> dict:
+def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: int | None = None, device: str = "cpu",
+           base_ref: bool = False) -> dict:
+    """Write the run's final model to `to`. device: where it is rebuilt (the run's recorded device is not needed);
+    its weights are written in float32 whatever dtype trained them (a bf16 run's frozen weights are the base's fp32)."""
     from lightfed.engine import local
     from lightfed.engine import protocol as P
 
     run_dir, to = Path(run_dir), Path(to)
     if not (run_dir / "config.json").is_file() or not (run_dir / "ckpt" / "latest.json").is_file():
         raise C.ConfigError(f"{run_dir}: no config.json + ckpt/latest.json: not a lightfed run folder")
-    cfg = C.load_json(run_dir / "config.json")
-    if cfg.method == "fednl":
-        raise C.ConfigError("fednl: its memory branches are not a transformers architecture; the trained rules "
-                            "(theta) are in ckpt/*/state.safetensors and load with `lightfed run --resume`")
+    cfg = local.load_config(run_dir)
+    cfg.device, cfg.dtype = device, "fp32"
+    if base_ref and cfg.method != "fednl":
+        raise C.ConfigError(f"--base-ref: {cfg.method} changes the base's weights; only a fednl export can leave them out")
     rnd, state, client_states, _ = local.load_checkpoint(run_dir)
     M = methods.METHODS[cfg.method]
     if client is None and not M.federated:
@@ -97,6 +104,10 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: i
         which = f"client {client}'s own"
     model = S.model.eval()
     to.mkdir(parents=True, exist_ok=True)
+    meta = {"run": str(run_dir), "round": rnd, "task": cfg.task, "method": cfg.method, "model": which,
+            **use_settings(cfg, S.task)}
+    if cfg.method == "fednl":
+        return export_fednl(model, S.method, cfg, to, base_ref, meta)
     peft_family = cfg.method in ("lora", "fedala", "fedssi", "local_only")
     if adapter:
         if not peft_family:
@@ -106,8 +117,7 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: i
         if isinstance(model, backbones.TextClassifier):        # its trained head is not an adapter: beside it
             save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, to / "head.safetensors")
         (to / "adapter_config.json").write_text(json.dumps({**acfg, "base_model_name_or_path": S.task.info["backbone"]}, indent=1))
-        (to / "lightfed.json").write_text(json.dumps({"run": str(run_dir), "round": rnd, "task": cfg.task, "method": cfg.method,
-                                                      "kind": "adapter", "model": which}, indent=1))
+        (to / "lightfed.json").write_text(json.dumps({**meta, "kind": "adapter"}, indent=1))
         return {"kind": "adapter", "dir": str(to), "tensors": len(tensors), "model": which}
     if latent.latent_layers(model):
         model = merge_latent(model)
@@ -124,9 +134,40 @@ def export(run_dir: str | Path, to: str | Path, adapter: bool = False, client: i
         kind = "causal LM"
     else:
         raise C.ConfigError(f"export: a {type(model).__name__} is not a transformers model (task {cfg.task})")
-    (to / "lightfed.json").write_text(json.dumps({"run": str(run_dir), "round": rnd, "task": cfg.task,
-                                                  "method": cfg.method, "kind": kind, "model": which}, indent=1))
+    (to / "lightfed.json").write_text(json.dumps({**meta, "kind": kind}, indent=1))
     return {"kind": kind, "dir": str(to), "round": rnd, "model": which}
+
+
+def use_settings(cfg: C.RunConfig, task) -> dict:
+    """What a user of the model needs from its training task: a classifier's classes and input length, a causal LM's
+    attention window (streamed tasks: attention local to `window`-token chunks; 0: full attention)."""
+    o = cfg.task_options
+    if "classes" in task.info:
+        return {"classes": task.info["classes"], "max_len": int(task.train["input_ids"].shape[1])}
+    window = task.info.get("window", o.get("window", 0))
+    return {"window": window if isinstance(window, int) else 0}
+
+
+def export_fednl(model: nn.Module, method, cfg: C.RunConfig, to: Path, base_ref: bool, meta: dict) -> dict:
+    """The base (or a reference to its local folder), theta in memory.safetensors, the memory's config."""
+    from lightfed.models import delta_memory
+    mem = {n: p.detach().contiguous() for n, p in model.named_parameters() if ".memory." in n}
+    assert set(mem) == set(method.trainable(model)), "theta is every memory branch's parameter"
+    o = method.opts
+    memory = {"layers": [b.layer for b in delta_memory.branches(model)], "r": o.r, "r_k": o.r_k, "chunk": o.chunk,
+              "forget": o.forget > 0}
+    if base_ref:
+        base = cfg.task_options.get("model") or (None if cfg.task_options.get("tiny") else str(assets.smollm2_dir()))
+        if not base:
+            raise C.ConfigError("--base-ref: this run's base is a random tiny twin with no folder; export it whole")
+        base = str(Path(base).resolve())
+    else:
+        model.save_pretrained(to, state_dict={k: v for k, v in model.state_dict().items() if ".memory." not in k})
+        backbones.smollm2_tokenizer(cfg.task_options.get("model", "")).save_pretrained(to)
+        base = "."
+    save_file(mem, to / "memory.safetensors")
+    (to / "lightfed.json").write_text(json.dumps({**meta, "kind": "fednl", "base": base, "memory": memory}, indent=1))
+    return {"kind": "fednl", "dir": str(to), "round": meta["round"], "model": meta["model"], "theta": sum(v.numel() for v in mem.values())}
 
 
 def load_classifier(d: str | Path) -> backbones.TextClassifier:

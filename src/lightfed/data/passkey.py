@@ -3,21 +3,23 @@
 
     [ haystack ... needle ... haystack ... | ... haystack, question, answer ]      (the last chunk holds the question)
     needle    " The pass key is 4817263. Remember it. 4817263 is the pass key."
-    question  " What is the pass key? The pass key is"        answer " 4817263" (its 7 digits are the targets)
+    question  " What is the pass key? The pass key is"        answer " 4817263" (its 8 tokens, " " and 7 digits, are the targets)
 
 The needle lies wholly inside one chunk: chunk floor(depth x (chunks - 1)) for depth < 1, at a random offset;
 depth 1.0 puts it in the question's own chunk (which a local attention window can answer alone). The haystack is
 a contiguous run of Austen tokens (train: the first 90% of each novel, eval: the last 10%); passkeys are 7-digit
 numbers whose last digit is even for training and odd for evaluation (data/niah.py's split), so no evaluation
-needle was ever trained on. Exact match = every answer digit is the model's argmax given the digits before it
-(teacher forcing): the same as greedy decoding producing the passkey first.
+needle was ever trained on. Exact match = every answer token (its leading space too) is the model's argmax given the
+tokens before it (teacher forcing): exactly when greedy decoding writes the answer first. (Until issue 45 the space
+was not a target: a model trained on the digits alone rarely wrote it, and greedy decoding then wandered off before
+the digits it would have scored.)
 
 Templates (`template` = a name of data/niah.TASKS): the same geometry with RULER's words (niah.md): the instruction
 opens chunk 0, the asked key's (first) gold needle lies wholly inside chunk floor(depth x (chunks - 1)) as above,
 the template's other needles (more keys, more values, asked or not) at random places between the instruction and
 the question, the haystack Austen's tokens ("book"), the filler sentences ("filler") or distractor needles only
-("needles"); the last chunk ends with the question and the answer " v1, v2, ...", whose non-blank tokens are the
-targets, each marked with the gold value it spells (`gold_of`: RULER's string-match-all counts the golds found).
+("needles"); the last chunk ends with the question and the answer " v1, v2, ...", whose tokens are the
+targets (separators too: what greedy decoding must write), each marked with the gold value it spells (`gold_of`: RULER's string-match-all counts the golds found).
 Keys and values come from the split's half of their spaces (data/niah.py), so evaluation needles are new.
 Whether a template fits a chunk is decided on the most tokens any draw can take (Builder.template_sizes), so a
 geometry that fails, fails for every seed, before any stream is drawn.
@@ -72,12 +74,14 @@ class Builder:
     def _needle_len(self) -> int:
         return len(self.tok(NEEDLE.format(v="1234567"), add_special_tokens=False)["input_ids"])
 
-    def stream(self, chunks: int, depth: float, value: str, rng: np.random.Generator) -> Stream:
+    def stream(self, chunks: int, depth: float, value: str, rng: np.random.Generator, chunk: int | None = None) -> Stream:
+        """chunk: the needle's chunk by index (training draws it so: every chunk but the question's equally often);
+        None: chunk_of(chunks, depth)."""
         W, T = self.window, chunks * self.window
         n = self.tok(NEEDLE.format(v=value), add_special_tokens=False)["input_ids"]
         a = self.tok(" " + value, add_special_tokens=False)["input_ids"]         # [" ", d1, ..., d7]
         tail = self.q + a
-        c = chunk_of(chunks, depth)
+        c = chunk_of(chunks, depth) if chunk is None else chunk
         room = (W - len(tail) if c == chunks - 1 else W) - len(n)               # where the needle can start in chunk c
         p = c * W + int(rng.integers(0, room + 1))
         m = T - len(tail) - len(n)                                              # haystack tokens
@@ -85,7 +89,7 @@ class Builder:
         hay = self.hay[s:s + m].tolist()
         ids = hay[:p] + n + hay[p:] + tail
         tgt = torch.zeros(T, dtype=torch.bool)
-        tgt[T - len(a) + 1:] = True                                             # the digits (not the space)
+        tgt[T - len(a):] = True                             # the answer as greedy decoding writes it: " " and the digits
         return Stream(torch.tensor(ids), tgt, chunks, depth, c, value)
 
     def values(self, k: int, rng: np.random.Generator) -> list[str]:
@@ -126,19 +130,22 @@ class Builder:
         self._sizes[name] = len(self._enc(niah._instruction(t.value))), needles[0], tail, sum(needles)
         return self._sizes[name]
 
-    def check_template(self, name: str, chunks: int, depth: float) -> None:
-        """ValueError, for every draw alike, when a stream of `name` at (chunks, depth) might not fit its chunks."""
+    def check_template(self, name: str, chunks: int, depth: float, chunk: int | None = None) -> None:
+        """ValueError, for every draw alike, when a stream of `name` at (chunks, depth) (or its needle in chunk `chunk`)
+        might not fit its chunks."""
         head, gold, tail, total = self.template_sizes(name)
-        W, c = self.window, chunk_of(chunks, depth)
+        W, c = self.window, chunk_of(chunks, depth) if chunk is None else chunk
         room = W - (tail if c == chunks - 1 else 0) - (head if c == 0 else 0)       # the gold needle's chunk
         if gold > room or tail > W or head + tail + total > chunks * W:
             raise ValueError(f"template {name}: a {W}-token chunk cannot hold its needle (up to {gold} tokens) beside "
                              f"the instruction ({head}) or the question and answer (up to {tail}) at depth {depth:g} of "
                              f"{chunks} chunks; use a larger unit, another depth or another template")
 
-    def template_stream(self, name: str, chunks: int, depth: float, rng: np.random.Generator) -> Stream:
-        """One stream of RULER template `name` (data/niah.TASKS), its first gold needle in the chunk `depth` picks."""
-        self.check_template(name, chunks, depth)
+    def template_stream(self, name: str, chunks: int, depth: float, rng: np.random.Generator,
+                        chunk: int | None = None) -> Stream:
+        """One stream of RULER template `name` (data/niah.TASKS), its first gold needle in the chunk `depth` picks
+        (or the chunk given by index)."""
+        self.check_template(name, chunks, depth, chunk)
         t, W, T = niah.TASKS[name], self.window, chunks * self.window
         kind, used = t.value, {}
         keys = niah._unique(t.key, t.n_keys, rng, self.split, used)
@@ -149,7 +156,7 @@ class Builder:
         head = self._enc(niah._instruction(kind))
         q, a = (self._enc(x) for x in _qa(kind, asked, golds))
         tail = q + a
-        c = chunk_of(chunks, depth)
+        c = chunk_of(chunks, depth) if chunk is None else chunk
         lo = c * W + (len(head) if c == 0 else 0)                               # the gold needle: wholly in chunk c
         hi = (T - len(tail) if c == chunks - 1 else (c + 1) * W) - len(needles[0])    # >= lo: check_template
         spans = [(p := int(rng.integers(lo, hi + 1)), p + len(needles[0]))]
@@ -170,8 +177,7 @@ class Builder:
         ids += hay[h:] + tail
         assert len(ids) == T, (len(ids), T)
         tgt = torch.zeros(T, dtype=torch.bool)
-        for j, tok_id in enumerate(a):                                          # the answer's non-blank tokens
-            tgt[T - len(a) + j] = self.tok.decode([tok_id]).strip() != ""
+        tgt[T - len(a):] = True                             # every token of the answer, blanks and commas included
         gold_of = torch.full((T,), -1, dtype=torch.long)
         gold_of[T - len(a):] = torch.tensor(self._gold_of(a, golds))
         return Stream(torch.tensor(ids), tgt, chunks, depth, c, ", ".join(golds), gold_of)

@@ -81,6 +81,7 @@ def check(cfg: C.RunConfig) -> None:
     C.validate(cfg)
     device.check(cfg.device, cfg.dtype)
     methods.options(cfg.method, cfg.method_options)
+    methods.check_run(cfg)
     privacy.check(cfg, methods.METHODS[cfg.method])
     if cfg.init and not (Path(cfg.init) / "summary.json").is_file():
         raise C.ConfigError(f"init = {cfg.init!r}: no finished run there (summary.json)")
@@ -189,10 +190,9 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
     tamper(round, client, bytes) -> bytes: alters a client's upload on the wire (tests use it).
     """
     if resume is not None:
-        out = Path(resume)
-        if not (out / "config.json").is_file() or not (out / "ckpt" / "latest.json").is_file():
-            raise C.ConfigError(f"--resume {str(out)!r}: no config.json + ckpt/latest.json there")
-        cfg = C.load_json(out / "config.json")
+        cfg = resume_config(resume) if cfg is None else cfg
+        if Path(cfg.out).resolve() != Path(resume).resolve():
+            raise C.ConfigError(f"resume {str(resume)!r} with a config for {cfg.out!r}: use resume_config({str(resume)!r})")
     t_start = time.perf_counter()
     S, out, start, state, client_states, history = begin(cfg, resume is not None, log)
     task, method, model = S.task, S.method, S.model
@@ -243,6 +243,47 @@ def run(cfg: C.RunConfig | None = None, *, resume: str | Path | None = None, sto
         summary["per_client"] = evaluate_clients(S, state, client_states)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def load_config(out: str | Path) -> C.RunConfig:
+    """A run folder's config.json. Runs recorded before zeroth-order and closed-form methods refused a first-order
+    optimizer carry the old default (adamw), which they never used: read as unset."""
+    cfg = C.load_json(Path(out) / "config.json")
+    if not methods.METHODS[cfg.method].optimizer and cfg.optimizer == "adamw" and cfg.weight_decay == 0:
+        cfg.optimizer = ""
+    return cfg
+
+
+def resume_config(out: str | Path, rounds: int | None = None, device: str | None = None) -> C.RunConfig:
+    """The config that continues the run in folder `out`, wherever that folder now lives (its results are written
+    there, whatever config.json says it was called). rounds: continue to that many rounds instead (more extends a
+    finished run), refused where the run's schedule depends on its number of rounds, since the run would then not be
+    the one made with that number from the start; device: compute there instead of the recorded device."""
+    out = Path(out)
+    if not (out / "config.json").is_file() or not (out / "ckpt" / "latest.json").is_file():
+        raise C.ConfigError(f"--resume {str(out)!r}: no config.json + ckpt/latest.json there")
+    cfg = load_config(out)
+    state_dir = Path(cfg.engine_options.get("client_state_dir", ""))
+    if state_dir.name == "client_state" and state_dir.parent.name == Path(cfg.out).name:    # Flower's, beside the results
+        cfg.engine_options = {**cfg.engine_options, "client_state_dir": str(out.resolve() / "client_state")}
+    cfg.out = str(out)
+    if device is not None:
+        cfg.device = device
+    if rounds is not None and rounds != cfg.rounds:
+        done = json.loads((out / "ckpt" / "latest.json").read_text())["round"]
+        why = []
+        decay = cfg.lr_decay or methods.METHODS[cfg.method].lr_decay
+        if decay != "none":
+            why.append(f"its lr decays over its {cfg.rounds} rounds (lr_decay = {decay})")
+        if cfg.task_options.get("curriculum"):
+            why.append(f"its curriculum splits its {cfg.rounds} rounds into stages")
+        if rounds < done:
+            why.append(f"it has already trained {done} rounds")
+        if why:
+            raise C.ConfigError(f"--rounds {rounds} with --resume {str(out)!r}: {'; '.join(why)}, so it cannot continue "
+                                f"to {rounds} rounds as the run made with {rounds} from the start; start a new run")
+        cfg.rounds = rounds
+    return cfg
 
 
 def begin(cfg: C.RunConfig, resume: bool, log, engine: str = ""):

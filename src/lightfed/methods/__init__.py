@@ -33,18 +33,39 @@ def options(name: str, given: dict):
 
 
 def resolve_lr(cfg: RunConfig) -> RunConfig:
-    """lr = 0 / lr_decay = "" (not set) -> the method's recommended ones, in place; explicit ones are kept as given."""
+    """lr = 0 / lr_decay = "" / optimizer = "" (not set) -> the method's recommended ones, in place; explicit ones are
+    kept as given (check_run refuses those a method cannot honour)."""
+    M = METHODS[cfg.method]
     if cfg.lr == 0:
-        cfg.lr = METHODS[cfg.method].lr
+        cfg.lr = M.lr
     if cfg.lr_decay == "":
-        cfg.lr_decay = METHODS[cfg.method].lr_decay
+        cfg.lr_decay = M.lr_decay
+    if cfg.optimizer == "":
+        cfg.optimizer = M.optimizer
     return cfg
 
 
-def build(cfg: RunConfig) -> Method:
-    cfg = resolve_lr(cfg)
-    if cfg.lr_decay != "none" and not METHODS[cfg.method].lr_decays:
-        raise ConfigError(f"lr_decay = {cfg.lr_decay!r}: {cfg.method} keeps one lr across rounds (its server replays "
+def check_run(cfg: RunConfig) -> None:
+    """The run settings a method cannot honour, refused before any work (an explicit setting is never ignored)."""
+    M, name = METHODS[cfg.method], cfg.method
+    if cfg.lr > 0 and not M.lr:
+        raise ConfigError(f"lr = {cfg.lr:g}: {name} has no lr (a closed form, no step); leave lr unset")
+    decay = cfg.lr_decay or M.lr_decay
+    if decay != "none" and not M.lr_decays:
+        raise ConfigError(f"lr_decay = {decay!r}: {name} keeps one lr across rounds (its server replays "
                           f"or estimates with it); lr_decay works with the first-order methods: "
                           f"{', '.join(n for n, m in METHODS.items() if m.lr_decays)}")
+    if not M.optimizer and (cfg.optimizer or cfg.weight_decay):
+        what = f"optimizer = {cfg.optimizer!r}" if cfg.optimizer else f"weight_decay = {cfg.weight_decay:g}"
+        raise ConfigError(f"{what}: {name} has no first-order optimizer ({M.optimizer_why}); leave optimizer and "
+                          f"weight_decay unset, or use a first-order method")
+    if M.zeroth_order and cfg.dtype != "fp32":
+        raise ConfigError(f"dtype = {cfg.dtype!r}: {name} estimates gradients from differences of two losses at "
+                          f"theta +- eps z, which bfloat16 forwards round away (on a tiny twin the bf16 estimates "
+                          f"correlate 0.7 with the fp32 ones); use dtype = fp32")
+
+
+def build(cfg: RunConfig) -> Method:
+    check_run(cfg)
+    cfg = resolve_lr(cfg)
     return METHODS[cfg.method](options(cfg.method, cfg.method_options), cfg)

@@ -67,6 +67,9 @@ class Method:
                              # (ZO, per step, in the client loop) or "" (compressed before sending: unsupported)
     lr_decays = False        # True: client_update scales its lrs by config.round_lr_scale (cfg.lr_decay works)
     lr_decay = "none"        # the recommended lr decay over the rounds: what a run that sets none ("") uses
+    optimizer = "adamw"      # the recommended local optimizer (a run that sets none uses it); "": the method has none
+    optimizer_why = ""       # why it has none (said when a run sets one)
+    zeroth_order = False     # True: losses at theta +- eps z estimate the gradient (refuses bf16 forwards)
     lr = 5e-5                # the recommended lr: what a run that sets no lr (lr = 0) trains at. A run's lr always
                              # wins; config.json records the lr used and summary.json each parameter group's
 

@@ -11,7 +11,7 @@ so a step costs b2 + 1 forwards (one unperturbed). The perturbed forwards use
 zeroth_order.perturbed (stored weights untouched); the step is applied as b2 updates
 theta <- theta - c_j z_j with c_j = lr d (L_j - L_0) / (b2 mu ||z_j||) through
 zeroth_order.apply_update (the same arithmetic as every ZO method here; no accumulator of d
-floats). Plain ZO-SGD: no momentum, no weight decay (cfg.optimizer / weight_decay are ignored).
+floats). Plain ZO-SGD: no momentum, no weight decay (a run that sets optimizer or weight_decay is refused).
 Forwards only, under no_grad, in eval mode (dropout off).
 
 Wire.  Up: the client's FULL trainable weights, d fp32 floats (the server recovers FedZO's update
@@ -88,6 +88,9 @@ def forward_difference(loss, model, params: zo.Params, seeds: list[int], mu: flo
 class FedZO(Method):
     name = "fedzo"
     Options = Options
+    zeroth_order = True
+    optimizer = ""
+    optimizer_why = "plain zeroth-order SGD on its two-point estimates, as its paper"
     lr = 1e-5                   # DeComFL's (the same expectation of the step; benchmarks/zoflite_claims.py)
 
     @property

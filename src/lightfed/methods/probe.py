@@ -26,7 +26,9 @@ from lightfed.wire import Spec
 class Probe(Method):
     name = "probe"
     dp = ""                  # sufficient statistics, not an update: no clip to apply
-    lr = 0.0                 # closed form: no step
+    lr = 0.0                 # closed form: no step (a run that sets an lr is refused)
+    optimizer = ""
+    optimizer_why = "a closed form from class statistics, no step"
 
     def lrs(self):
         return {}

@@ -12,7 +12,7 @@ Client, per local step k on a fresh mini-batch: the step's directions are seeds 
 (every client of a round shares them, so the uplink is the scalars alone); it estimates one scalar per direction
 from forwards only (no_grad, eval mode) and applies theta <- theta - coef z in the order `step.updates` gives
 (zo.apply_update: two IEEE-rounded ops, the same on every machine). Plain ZO-SGD: no momentum, no weight decay,
-so that scalars replay; cfg.optimizer is ignored.
+so that scalars replay; a run that sets optimizer or weight_decay is refused.
 
 Wire.  Up: one K x P float32 field per scalar kind of the step + "digest" (8 bytes: blake2b of the client's final
 trainable tensors) + `_n`: ~4 K P + 40 bytes.
@@ -224,6 +224,9 @@ class SeedReplay(Method):
     trainable tensors, in order) and self.layout ({block: names}); `views` maps them onto tensors (overridden
     where blocks are slices)."""
     dp = "scalars"
+    zeroth_order = True
+    optimizer = ""              # plain ZO-SGD, so that scalars replay
+    optimizer_why = "plain zeroth-order SGD: momentum, Adam or weight decay would stop its scalars replaying"
     TAG = 0                     # mixes the round seed, so two ZO methods never share directions
     lr = 1e-5                   # on the weights: the calibrations' safe choice (benchmarks/results/zoflite_*calibrate.md:
                                 # best on MiniLM from a probed head, stable but slow on SmolLM2's prompts, where 3e-4 won)

@@ -144,19 +144,22 @@ def kv_nll(model, ids: torch.Tensor, chunk: int) -> tuple[torch.Tensor, int, boo
 
 
 @torch.no_grad()
-def generate(model, ids: torch.Tensor, window: int, max_new: int, eos: int | None = None) -> list[int]:
-    """Greedy answer to a long prompt (1, T): every chunk but the last goes through the stream; the last
-    chunk and the answer share one local KV cache (<= window + max_new tokens); the memory keeps
-    writing token by token while it answers."""
+def generate(model, ids: torch.Tensor, window: int, max_new: int, eos: int | None = None, reset: bool = False,
+             stop=None) -> list[int]:
+    """Greedy answer to a long prompt (1, T): every chunk but the last goes through the stream (chunks cut from the
+    start, as `hidden` cuts them); the last chunk and the answer share one local KV cache (<= window + max_new
+    tokens); the memory keeps writing token by token while it answers. reset: the memory emptied at every chunk
+    (the control: only the last chunk is seen). stop(tokens) -> True ends the answer early (e.g. at a newline).
+    The tokens are those the teacher-forced argmaxes give (tests/test_fednl.py), so scoring by either agrees."""
     from transformers import DynamicCache
 
     ids = ids.to(model.lm_head.weight.device)
     cuts = _cut(ids.shape[1], window)
     new = []
     span = memory_span(model)
-    with delta_memory.stream(model):
+    with delta_memory.stream(model) as st:
         for s, e in cuts[:-1]:                       # only their memory writes matter
-            if span is not None:
+            if span is not None and not reset:
                 _chunk(model, ids[:, s:e], False, span)
         s, e = cuts[-1]
         cache = DynamicCache()
@@ -166,5 +169,7 @@ def generate(model, ids: torch.Tensor, window: int, max_new: int, eos: int | Non
             if t == eos:
                 break
             new.append(t)
+            if stop is not None and stop(new):
+                break
             logits = model(input_ids=torch.tensor([[t]], device=ids.device), cache=cache, use_cache=True).logits[0, -1]
     return new

@@ -4,9 +4,10 @@ only through a memory that carries across chunks (FedNL's). `window = 0`: full a
 (the reference a user would otherwise run, its KV cache growing with the length).
 
 Train: `train_size` streams of `train_chunks` x `unit` tokens, the needle in a uniformly drawn chunk other than
-the question's, the loss on the answer's 7 digits. Test: `test_per_cell` streams per (length, depth) cell,
+the question's, the loss on the answer's 8 tokens (' ' and the 7 digits). Test: `test_per_cell` streams per (length, depth) cell,
 lengths in chunks of `unit` tokens, depth 1.0 = the needle in the question's own chunk (reported apart). Metric:
-exact match (every digit right, teacher forced), the mean over all cells; `details` gives it per cell.
+exact match (every answer token right, the leading space too, teacher forced: the same as greedy decoding writing the
+answer first; `generated` checks it by decoding), the mean over all cells; `details` gives it per cell.
 `curriculum = "2,4,8"`: the training streams grow through these lengths over the rounds (RMT's curriculum over the
 number of segments), each stage its own draws, the last train_chunks long.
 
@@ -115,15 +116,16 @@ def streams(o: Options, tok, split: str, validation: bool = False, template: str
     n = chunks or o.train_chunks
     own = ([] if template == "passkey" else [zlib.crc32(template.encode())]) + ([n] if n != o.train_chunks else [])
     if template != "passkey":       # every geometry the split can draw, checked before any draw
-        for L, d in ([(n, k / (n - 1)) for k in range(n - 1)] if split == "train" else
-                     [(L, d) for L in o.lens() for d in o.deps()]):
-            b.check_template(template, L, d)
-    if split == "train":
+        for L, d, c in ([(n, k / (n - 1), k) for k in range(n - 1)] if split == "train" else
+                        [(L, d, None) for L in o.lens() for d in o.deps()]):
+            b.check_template(template, L, d, c)
+    if split == "train":            # the needle's chunk drawn by index: every chunk but the question's equally often
         rng = np.random.default_rng([o.data_seed, 21, *own])
         if template != "passkey":
-            return [b.template_stream(template, n, int(rng.integers(0, n - 1)) / (n - 1), rng) for _ in range(o.train_size)]
+            return [b.template_stream(template, n, c / (n - 1), rng, chunk=c)
+                    for c in (int(rng.integers(0, n - 1)) for _ in range(o.train_size))]
         vals = b.values(o.train_size, rng)
-        return [b.stream(n, int(rng.integers(0, n - 1)) / (n - 1), v, rng) for v in vals]
+        return [b.stream(n, c / (n - 1), v, rng, chunk=c) for c, v in ((int(rng.integers(0, n - 1)), v) for v in vals)]
     out = []
     for i, L in enumerate(o.lens()):
         for j, d in enumerate(o.deps()):
@@ -159,6 +161,21 @@ def scores(model, ss: list[P.Stream], window: int, reset: bool = False, batch: i
                 g = hit.new_zeros(hit.shape[1], dtype=torch.long) if g is None else g[1:][ss[i].targets[1:]].to(dev)
                 found = [bool(hit[r][g == k].all()) for k in range(int(g.max()) + 1)] or [bool(hit[r].all())]
                 out[i] = (float(hit[r].all()), sum(found) / len(found))
+    return out
+
+
+@torch.no_grad()
+def generated(model, ss: list[P.Stream], window: int, reset: bool = False) -> list[tuple[float, list[int]]]:
+    """Per stream (exact match, the tokens written): the prompt (the stream without its answer) answered by greedy
+    decoding (models/streaming.generate: the memory carries the chunks before the last; `reset`: emptied at every
+    chunk), exact match = the answer's tokens are the first ones written. Equals `scores`' teacher-forced exact match
+    (tests/test_fednl.py); it costs a forward per answer token."""
+    from lightfed.models import streaming
+    out = []
+    for s in ss:
+        n = int(s.targets.sum())                                        # the answer is the stream's last n tokens
+        new = streaming.generate(model, s.ids[None, :-n], window or len(s.ids), n, reset=reset)
+        out.append((float(new == s.ids[-n:].tolist()), new))
     return out
 
 
