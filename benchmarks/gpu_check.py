@@ -47,7 +47,8 @@ def _round(name: str, kind: str, dev: str, dtype: str = "fp32", extra: dict | No
     from lightfed.methods.base import ClientContext
     from lightfed.models.backbones import seeded
     from lightfed.tasks import synthetic
-    cfg = C.from_dict({"task": "synthetic", "method": name, "clients": 2, "batch_size": 8, "local_steps": 2, "lr": 1e-3,
+    lr = {"lr": 1e-3} if methods.METHODS[name].lr else {}                # probe has none (a closed form)
+    cfg = C.from_dict({"task": "synthetic", "method": name, "clients": 2, "batch_size": 8, "local_steps": 2, **lr,
                        "device": dev, "dtype": dtype, "task_options": {"kind": kind}, **(extra or {})})
     T = synthetic.build(synthetic.Options(kind=kind), 0)
     m = methods.build(cfg)

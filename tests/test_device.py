@@ -60,10 +60,15 @@ def test_every_message_is_the_same_with_device_cpu_given_or_auto(name, task):
 
 
 @pytest.mark.parametrize("name", ["fedavg", "lora", "flite", "fednl", "decomfl", "fedspzo"])
-def test_bf16_runs_a_round_of_each_lm_method_on_the_cpu_and_reports_its_memory(tmp_path, name):
+def test_bf16_runs_a_round_of_each_first_order_lm_method_and_zeroth_order_refuses_it(tmp_path, name):
     """dtype = bf16: the frozen weights are bfloat16, forwards run under autocast, trainable tensors and messages
     stay float32; the run finishes and reports its memory."""
     tiny_task("austen")
+    if methods.METHODS[name].zeroth_order:                     # refused before any work: bf16 rounds its estimate away
+        with pytest.raises(C.ConfigError, match="dtype = 'bf16'.*use dtype = fp32"):
+            local.run(tiny_config("austen", name, tmp_path, rounds=1, dtype="bf16"), log=lambda *a: None)
+        assert not (tmp_path / "config.json").exists()
+        return
     s = local.run(tiny_config("austen", name, tmp_path, rounds=1, dtype="bf16"), log=lambda *a: None)
     assert np.isfinite(s["final"]) and s["memory"]["client_rss_peak_bytes"] > 0
     acc = s["memory"]["client_accounted_parts"]
@@ -183,8 +188,8 @@ DOWNLINK = [(m, t, {}) for m, t in ONE_TASK] + [
     ("powersgd", "sentiment", {"method_options": {"factors": "own"}}),
     ("fedavg", "sentiment", {"dp_clip": 0.5, "dp_noise": 1.0}),
     ("flite", "sentiment", {"method_options": {"delta": True}, "dp_clip": 0.5, "dp_noise": 1.0}),
-    ("decomfl", "sentiment", {"lr": 1e-2, "dp_clip": 0.5, "dp_noise": 1.0, "method_options": {"z": "counter"}}),
-    ("fedspzo", "sentiment", {"lr": 1e-2, "method_options": {"z": "counter", "down": "seeds"}}),
+    ("decomfl", "sentiment", {"lr": 1e-2, "local_steps": 1, "dp_clip": 0.5, "dp_noise": 1.0, "method_options": {"z": "counter"}}),
+    ("fedspzo", "sentiment", {"lr": 1e-2, "local_steps": 1, "method_options": {"z": "counter", "down": "seeds"}}),
     ("fedavg", "sentiment", {"robust": "median"}),
     ("lora", "sentiment", {"secagg": True, "clients": 3, "fraction": 1.0}),
 ]

@@ -9,6 +9,7 @@ from conftest import tiny_config, tiny_task
 from lightfed import seeds
 from lightfed.data.tensors import subset
 from lightfed.engine import protocol as P
+from lightfed.methods import resolve_lr
 from lightfed.methods.base import ClientContext
 from lightfed.methods.fedala import OWN, WEIGHT, FedALA, top_layers
 from lightfed.methods.fedssi import OMEGA, FedSSI, importance
@@ -23,7 +24,7 @@ class Run:
 
     def __init__(self, cls, cfg_kw=None, **opts):
         self.T = T = tiny_task("trivia")
-        self.cfg = tiny_config("trivia", cls.name, **(cfg_kw or {}))
+        self.cfg = resolve_lr(tiny_config("trivia", cls.name, **(cfg_kw or {})))   # the method's lr and optimizer
         o = cls.Options(**opts)
         o.check()
         self.m = cls(o, self.cfg)

@@ -52,6 +52,8 @@ def local_train(model: nn.Module, params: list, data: Data, loss_fn, *, epochs: 
     n = size(data)
     per_epoch = math.ceil(n / batch_size)
     total = steps if steps > 0 else max(1, math.ceil(epochs * per_epoch))
+    if optimizer not in ("adamw", "sgd"):   # "" is resolved by methods.resolve_lr; never a silent default here
+        raise ValueError(f"optimizer = {optimizer!r}: expected 'adamw' or 'sgd' (build the method with methods.build)")
     opt = (torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if optimizer == "adamw"
            else torch.optim.SGD(params, lr=lr, weight_decay=weight_decay))
     model.train()
