@@ -3,9 +3,15 @@ each, so that runs side by side see the same machine) or reused, statistics and 
 
     grid = [(label, config dict), ...]                 a script's own definition of what it measures
     summaries = reuse_or_run(grid, workers, from_runs)  a finished run is reused only if its config is the same AND
-                                                        it was made by the code that runs now (summary "code", a hash
-                                                        of src/lightfed); --reuse-stale (explicit) also takes runs made
-                                                        by other code, and the results name them
+                                                        the code it executed is unchanged (bench.json "code_used":
+                                                        lightfed.provenance's fingerprint of every function the run
+                                                        ran; runs recorded without one: summary "code", the hash of
+                                                        all of src/lightfed); --reuse-stale (explicit) also takes runs
+                                                        made by other code, and the results name them
+    a config without "out" lives in the run store: runs/store/<task>-<method>-<hash of the config>, so that a row
+    whose settings change gets a new folder and the old run stays what it was
+    provenance(summary) / marked(text, prov)           who made a figure (code, commit, date, command) and whether
+                                                        it is the code at hand; a figure that is not gets a dagger
     ms(xs) / verdict(a, b, a_lower) / wilson(k, n)      statistics; "met" only over >= 3 seeds that separate
     write(name, data, md)                               results/<name>.{json,md} (+ the script's own plot)
 """
@@ -21,6 +27,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+STORE = Path("runs/store")
 REUSE_STALE = False          # set by a script's --reuse-stale: take runs made by other code, and say so
 PLACE: dict = {}             # set by --device / --dtype: where every run of the grid computes (recorded in its config)
 STALE: dict[str, str] = {}   # label -> the code hash of a stale run that was reused (reported by meta())
@@ -54,17 +61,24 @@ def _run_one(args):
     out = Path(cfg_dict["out"])
     resume = resumable(cfg_dict)
     print(f"[bench] {'resume' if resume else 'start'} {label}", file=sys.stderr, flush=True)
+    from lightfed import provenance
+    used = None                      # a resumed run: its first rounds ran untraced (the whole-source hash decides)
     try:
         if resume:
             s = local.run(resume=out, log=lambda *a: None)
         else:
             mark_start(cfg_dict)
-            s = local.run(cfg, log=lambda *a: None)
+            with provenance.Trace() as tr:
+                s = local.run(cfg, log=lambda *a: None)
+            used = tr.fingerprint()
     except Exception as e:  # a failed run is reported, not hidden
         print(f"[bench] FAILED {label}: {e!r}", file=sys.stderr, flush=True)
         return {"label": label, "error": repr(e), "config": cfg_dict}
     s["label"] = label
-    (Path(cfg_dict["out"]) / "bench.json").write_text(json.dumps(cfg_dict))   # the config the benchmark asked for
+    bench = {"config": cfg_dict, "code_used": used, "commit": commit(), "command": " ".join(sys.argv),
+             "date": time.strftime("%Y-%m-%d %H:%M")}
+    (Path(cfg_dict["out"]) / "bench.json").write_text(json.dumps(bench))   # the config the benchmark asked for, and who made it
+    s["bench"] = bench
     print(f"[bench] done {label}: {s['metric']} {'-' if s['initial'] is None else format(s['initial'], '.4f')} -> {s['final']:.4f} in {time.time() - t:.0f} s",
           file=sys.stderr, flush=True)
     return s
@@ -91,6 +105,67 @@ def code() -> str:
     return source_hash()
 
 
+def commit() -> str:
+    """The git commit of the checkout (+ "+dirty" where src/ or benchmarks/ differ from it), or "" outside git."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "src", "benchmarks"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head[:12] + ("+dirty" if dirty else "")
+
+
+def store_folder(c: dict) -> str:
+    """A run's folder in the store, named by its whole config (what a result depends on, "progress" aside)."""
+    import hashlib
+    key = json.dumps({k: v for k, v in c.items() if k not in ("out", "progress")}, sort_keys=True)
+    return str(STORE / f"{c['task']}-{c['method']}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+
+
+def _bench(out: Path) -> dict | None:
+    """<out>/bench.json as {"config", "code_used", ...}; the bare config dict older runs wrote is read as such."""
+    p = out / "bench.json"
+    if not p.exists():
+        return None
+    b = json.loads(p.read_text())
+    return b if "config" in b and "code_used" in b else {"config": b, "code_used": None}
+
+
+def at_hand(s: dict) -> bool:
+    """Was this finished run made by the code at hand? By the functions it ran where they were recorded, else by the
+    hash of all of src/lightfed."""
+    from lightfed import provenance
+    used = (s.get("bench") or {}).get("code_used")
+    return provenance.changed(used) == [] if used else s.get("code") == code()
+
+
+def provenance(s: dict) -> dict:
+    """One seed's provenance record: the code that made it, its commit, date and command, and whether it is the code
+    at hand (results JSON rows keep a list of these, one per seed)."""
+    b = s.get("bench") or {}
+    return {"code": s.get("code"), "commit": b.get("commit", ""), "date": b.get("date", ""),
+            "command": b.get("command", ""), "at_hand": at_hand(s)}
+
+
+def marked(text: str, provs: list[dict]) -> str:
+    """A table cell: the figure as it is where every seed behind it was made by the code at hand, else with a dagger
+    (the results file says which code made it)."""
+    return text if all(p["at_hand"] for p in provs) else f"{text}†"
+
+
+def source_of(*objs) -> str:
+    """12 hex digits of sha256 over the source of these modules and functions: the code that can change an evaluation,
+    so that a cache keyed on it is redone when its scorer changes (and kept when anything else does)."""
+    import hashlib
+    import inspect
+    h = hashlib.sha256()
+    for o in objs:
+        h.update(inspect.getsource(o).encode() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def effective(s: dict, want: dict) -> dict:
     """A finished run's config; for FLITE, the map options `want` names but the run left to the defaults of its
     day are read from its method_info (r, head): runs made before FLITE's defaults moved (r 6 -> 20, head
@@ -107,18 +182,19 @@ def effective(s: dict, want: dict) -> dict:
 def finished(label: str, c: dict) -> dict | None:
     """The summary of a run already made with config c (in c["out"]) by this code (or, with REUSE_STALE, by any
     code: recorded in STALE), or None."""
-    p, b = Path(c["out"]) / "summary.json", Path(c["out"]) / "bench.json"
+    p, b = Path(c["out"]) / "summary.json", _bench(Path(c["out"]))
     if not p.exists():
         return None
     s = json.loads(p.read_text())
-    if b.exists():                      # the config the benchmark asked for, as it asked
-        if json.loads(b.read_text()) != c:
+    if b is not None:                   # the config the benchmark asked for, as it asked
+        if b["config"] != c:
             return None
+        s["bench"] = b
     else:                               # runs made before bench.json: their resolved config
         ran = effective(s, c)
         if {k: ran.get(k) for k in c if k != "progress"} != {k: v for k, v in c.items() if k != "progress"}:
             return None
-    if s.get("code") != code():
+    if not at_hand(s):
         if not REUSE_STALE:
             return None
         STALE[label] = s.get("code") or "(before code hashes)"
@@ -130,6 +206,7 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
     as not run. runner / fresh_process: as run_grid's."""
     grid = [(label, {**c, **PLACE}) for label, c in grid]
+    grid = [(label, c if "out" in c else {**c, "out": store_folder(c)}) for label, c in grid]
     done = {label: finished(label, c) for label, c in grid}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:

@@ -144,7 +144,7 @@ def cells(rows: list[dict], key: str, lengths) -> dict:
 
 def markdown(res: dict) -> str:
     s, c = res["setting"], res["cells"]
-    L = [f"# FedNL you can use: pass keys hidden in a text it never saw, asked through `lightfed ask`'s path",
+    L = ["# FedNL you can use: pass keys hidden in a text it never saw, asked through `lightfed ask`'s path",
          "", f"Command: `{res['meta']['command']}` (code {res['meta']['code']}, {res['meta']['date']}).", "",
          f"Model: {s['run']['label']}, trained by code {s['run']['code']}"
          f"{'' if s['run']['code'] == res['meta']['code'] else ' (†: not the code at hand; its training path is unchanged since, see the note)'}, "

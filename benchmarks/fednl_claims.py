@@ -162,11 +162,6 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
 
 
 
-def final_model(summary: dict):
-    """The run's final global model (from its checkpoint), fp32, ready to evaluate."""
-    return R.final_model(summary, "fp32")
-
-
 def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
     return R.ce_buckets(model, ids, WINDOW, bucket, carry)
 
@@ -191,7 +186,7 @@ def part_ce(size: dict, seeds, workers, prior: dict | None = None) -> dict:
     runs = {r["label"]: r for r in (prior.get("runs", []) if same else [])}
     for (label, _), s in zip(g, sums):
         if "error" not in s:
-            model = final_model(s)
+            model = R.final_model(s, "fp32")
             curves[label] = ce_curve(model, ids, size["ce_bucket"])
             if s["method"] == "fednl":     # ablation: the same trained model, its memory emptied at every chunk
                 curves[label + ", memory reset per chunk"] = ce_curve(model, ids, size["ce_bucket"], carry=False)

@@ -13,7 +13,6 @@ trades reach for stability, which only the real grid measures (fednl_claims.md, 
     python benchmarks/fednl_forget_toy.py            # ~8 min on one thread
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

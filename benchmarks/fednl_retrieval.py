@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import reuse_or_run, verdict, why, wilson  # noqa: E402
+from common import reuse_or_run, source_of, verdict, why, wilson  # noqa: E402
 
 RUNS = Path("runs/fednl_retrieval")
 UNIT = 64
@@ -241,15 +241,29 @@ def add_run(rows: dict, name: str, c: dict, s: dict, cells) -> dict | None:
     return r
 
 
+@functools.cache
+def evaluator() -> str:
+    """The code that scores a finished run: the streaming and memory modules, the pass-key and NIAH data and scorers,
+    and this file's scoring functions (a cached evaluation is redone when any of them changes)."""
+    from lightfed.data import niah, passkey as data_passkey
+    from lightfed.models import delta_memory, lm, streaming
+    from lightfed.tasks import niah as task_niah, passkey as task_passkey
+    return source_of(data_passkey, niah, delta_memory, lm, streaming, task_niah, task_passkey, template_scores,
+                     template_cells, evaluate_model, _chunks, needle_moved, needle_alone, heldout_austen_ids, ce_buckets,
+                     ce_curve, digit_hits)
+
+
 def cached(path: Path, key: dict, fn):
     """fn()'s value, kept in `path` beside what made it (key): an evaluation of a finished run is not redone when the
-    grid is collected again; a different key (task, CE size, code hash) computes it afresh."""
+    grid is collected again; a different key (task, CE size, the run's code hash) or another evaluator() computes it
+    afresh."""
     return cached_pair((path, None), key, lambda: (fn(),))[0]
 
 
 def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
     """cached() for an evaluation whose one pass gives two values (fn() -> (a, b)), each kept in its own file; paths[1]
     None: only a is asked. What is missing is computed once for both; a value already on disk is kept as it is."""
+    key = {**key, "evaluator": evaluator()}
     want = [p for p in paths if p is not None]
     got = [json.loads(p.read_text()) if p.is_file() else None for p in want]
     got = [g if g is not None and g.get("key") == key else None for g in got]     # made by something else: missing
@@ -293,15 +307,9 @@ WHY = {"needle moved next to the question": needle_moved, "needle's chunk alone 
 
 
 def final_model(summary: dict, dtype: str = "bf16"):
-    """The run's final global model (from its checkpoint) on the CPU in `dtype`, in eval mode."""
-    from lightfed import config as C, device
+    """The run's final global model on the CPU, its frozen weights in `dtype` (the grids evaluate in bf16)."""
     from lightfed.engine import local
-    cfg = C.from_dict(summary["config"])
-    S = local.build(cfg)
-    _, state, _, _ = local.load_checkpoint(Path(summary["out"]))
-    S.method.load(S.model, state)
-    device.place(S.model, "cpu", dtype)
-    return S.model.eval()
+    return local.final_model(summary["out"], "cpu", dtype)[0].model
 
 
 def internals(summary: dict, slug: str) -> dict[str, float]:

@@ -155,14 +155,12 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> l
 def weight_moves(c: dict) -> dict | None:
     """How far a FLITE run's final global z moved each generated convolution from the base: ||dW_l|| / ||W_pre,l||,
     min / median / max over the layers (from the run's last checkpoint; None for other methods)."""
-    from safetensors.torch import load_file
     from lightfed import config as C
     from lightfed.engine import local
     from lightfed.models import latent
-    ck = Path(c["out"]) / "ckpt"
-    if c["method"] != "flite" or not (ck / "latest.json").exists():
+    if c["method"] != "flite" or not (Path(c["out"]) / "ckpt" / "latest.json").exists():
         return None
-    z = load_file(ck / json.loads((ck / "latest.json").read_text())["dir"] / "state.safetensors")["z"].float()
+    z = local.load_checkpoint(Path(c["out"]))[1]["z"].float()
     model = local.build(C.from_dict({**c, "dtype": "fp32"})).model
     r = sorted(float(L.delta(z[L.lo:L.hi]).norm() / L.base.weight.float().norm()) for _, L in latent.latent_layers(model))
     return {"min": r[0], "median": r[len(r) // 2], "max": r[-1]}

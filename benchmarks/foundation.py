@@ -46,17 +46,17 @@ def main(argv=None):
         base.update(rounds=1, task_options={"train_size": 200, "test_size": 100, "max_len": 16})
     name = "foundation_quick" if a.quick else "foundation"
     t0 = time.time()
-    grid = [(f"{m} / {part}", {**base, "method": m, "partition": part, **extra,
-                                "out": f"runs/bench-{name}/{m}-{part.replace(':', '')}"})
+    grid = [(f"{m} / {part}", {**base, "method": m, "partition": part, **extra})        # runs in the run store
             for part in PARTITIONS for m, extra in METHODS.items()]
     runs = common.reuse_or_run(grid, a.workers, a.from_runs)
     failed = [r for r in runs if "error" in r]
-    runs = [r for r in runs if "error" not in r]
+    runs = [{**{k: v for k, v in r.items() if k != "bench"}, "provenance": [common.provenance(r)]}
+            for r in runs if "error" not in r]
     rows = []
     for s in runs:
         t, mem = s["time"], s["memory"]
         rows.append({"partition": s["config"]["partition"], "method": s["method"],
-                     "accuracy (round 0 -> final)": f"{s['initial']:.3f} -> {s['final']:.3f}",
+                     "accuracy (round 0 -> final)": common.marked(f"{s['initial']:.3f} -> {s['final']:.3f}", s["provenance"]),
                      "trainable": f"{s['trainable_params']:,}",
                      "up B/client/round": f"{s['bytes']['up_per_client_round']:,.0f}",
                      "down B/client/round": f"{s['bytes']['down_per_client_round']:,.0f}",
@@ -69,17 +69,23 @@ def main(argv=None):
     cmd = "python benchmarks/foundation.py" + (" --quick" if a.quick else "")
     meta = {"command": cmd, "config": base, "methods": METHODS, "partitions": PARTITIONS,
             "torch": torch.__version__, "threads_per_run": 1, "runs_side_by_side": a.workers,
-            "machine": platform.machine(),
+            "machine": platform.machine(), "code": common.code(), "commit": common.commit(),
             "wall_seconds": time.time() - t0, "date": time.strftime("%Y-%m-%d %H:%M")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     worst = max(s["time"]["engine_overhead_share"] for s in runs)
     md = [f"# Foundation baselines on sentiment ({meta['date']})", "",
-          f"Command: `{cmd}`  ", f"Config: {json.dumps(base)}  ", f"Per-method settings: {json.dumps(METHODS)}  ",
+          f"Command: `{cmd}` (code {meta['code']}, commit {meta['commit']})  ", f"Config: {json.dumps(base)}  ", f"Per-method settings: {json.dumps(METHODS)}  ",
           f"torch {meta['torch']}, {a.workers} runs side by side with 1 torch thread each, {meta['machine']}; wall {meta['wall_seconds'] / 60:.1f} min", "",
           markdown(rows, list(rows[0])), "",
           *[f"FAILED: {r['label']}: {r['error']}" for r in failed],
+          *([f"† made by other code than this file's ({meta['code']}): "
+             + "; ".join(f"{s['method']} / {s['config']['partition']}: code {p['code']}, commit {p['commit']}, {p['date']}"
+                         for s in runs for p in s["provenance"] if not p["at_hand"]), ""]
+            if any(not p["at_hand"] for s in runs for p in s["provenance"]) else []),
+          f"Every run from the run store (runs/store/<task>-<method>-<config hash>), reused while the lightfed code it "
+          f"ran is unchanged; each run's provenance (code, commit, date, command) is in the JSON.",
           f"Engine overhead (what the simulator adds: client sampling, data slicing, measurement, progress, "
           f"checkpoints, results) is at most {100 * worst:.2f}% of client compute "
           f"(target < 5%: {'met' if worst < 0.05 else 'MISSED'}).",

@@ -130,6 +130,18 @@ def test_cached_evaluations_are_redone_when_what_made_them_changes(tmp_path):
     assert calls == [1, 3]
 
 
+def test_cached_evaluations_are_redone_when_the_evaluator_changes(tmp_path, monkeypatch):
+    """The key holds the scorer's code as well as the run's: a change to how a finished run is scored re-scores it."""
+    import fednl_retrieval as R
+    monkeypatch.setattr(R, "evaluator", lambda: "scorer-1")
+    assert cached(tmp_path / "e.json", {"code": "a"}, lambda: 1) == 1
+    assert cached(tmp_path / "e.json", {"code": "a"}, lambda: 2) == 1
+    monkeypatch.setattr(R, "evaluator", lambda: "scorer-2")
+    assert cached(tmp_path / "e.json", {"code": "a"}, lambda: 3) == 3
+    monkeypatch.undo()
+    assert len(R.evaluator()) == 12 and R.evaluator() == R.evaluator()      # the real one: a hash of real sources
+
+
 def test_a_pair_of_evaluations_from_one_pass_is_computed_once_for_whatever_is_missing(tmp_path):
     a, b, calls = tmp_path / "a.json", tmp_path / "b.json", []
 
@@ -375,7 +387,7 @@ def test_ce_grid_keeps_the_curves_stored_before_and_reports_each_fednl_row(monke
                     "seed": seed} for seed in seeds for _, m, _ in methods]
     curve = {"carry": [3.0] * (n - 1) + [2.7], "reset": [3.0] * n}     # the carried memory's CE falls 10% along the stream
     monkeypatch.setattr(F, "grid", fake_grid)
-    monkeypatch.setattr(F, "final_model", lambda s: s)
+    monkeypatch.setattr(F.R, "final_model", lambda s, dtype="bf16": s)
     monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: pytest.fail("the backbone again")
                         if not isinstance(model, dict) else curve["carry" if carry else "reset"])
     monkeypatch.setattr(F.R, "heldout_austen_ids", lambda k: None)
@@ -561,3 +573,41 @@ def test_templates_verdict_says_how_much_each_templates_client_trained():
     assert "FedNL above FedALA: " in md and "each template's client about 64 local steps over the run (10 rounds x 3 of 7" in md
     md = "\n".join(R.markdown_templates({**t, "setting": {**t["setting"], "rounds": 21}}))
     assert "each template's client about 135 local steps over the run (21 rounds x 3 of 7" in md
+
+
+def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it_ran_is_unchanged(tmp_path, monkeypatch):
+    """A config without "out" lives in runs/store/<task>-<method>-<config hash>; run once, it is reused (not run
+    again) with its provenance, until a function it ran changes (here: its recorded fingerprint edited), when it is
+    run afresh; a figure from a run not made by the code at hand is marked."""
+    import json
+
+    import common
+    import torch
+    monkeypatch.setattr(common, "STORE", tmp_path / "store")
+    threads = torch.get_num_threads()
+    c = {"task": "synthetic", "method": "fedavg", "clients": 2, "rounds": 1, "local_steps": 1, "batch_size": 4,
+         "lr": 1e-2, "progress": False, "task_options": {"kind": "clf"}}
+    f = common.store_folder(c)
+    assert f == common.store_folder({**c, "progress": True}) != common.store_folder({**c, "lr": 2e-2})
+    assert Path(f).name.startswith("synthetic-fedavg-")
+    runs = []
+    monkeypatch.setattr(common, "run_grid", lambda todo, *a, **k: runs.append(todo) or [common._run_one(g) for g in todo])
+    try:
+        (s,) = common.reuse_or_run([("row", c)], workers=1)
+        assert s["out"] == f and len(runs) == 1
+        bench = json.loads((Path(f) / "bench.json").read_text())
+        assert bench["config"] == {**c, "out": f}
+        assert "methods/fedavg.py::FedAvg.client_update" in bench["code_used"]
+        (again,) = common.reuse_or_run([("row", c)], workers=1)
+        assert len(runs) == 1 and again["final"] == s["final"]                 # reused, not run again
+        prov = common.provenance(again)
+        assert prov["at_hand"] and prov["code"] == s["code"] and prov["command"]
+        assert common.marked("0.5", [prov]) == "0.5"
+        bench["code_used"]["methods/fedavg.py::FedAvg.client_update"] = "0" * 12   # as if the code had changed since
+        (Path(f) / "bench.json").write_text(json.dumps(bench))
+        stale = {**again, "bench": bench}
+        assert not common.provenance(stale)["at_hand"] and common.marked("0.5", [prov, common.provenance(stale)]) == "0.5†"
+        common.reuse_or_run([("row", c)], workers=1)
+        assert len(runs) == 2                                                  # that run's code changed: made afresh
+    finally:
+        torch.set_num_threads(threads)

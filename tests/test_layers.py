@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1] / "src" / "lightfed"
-LAYER = {"config": 0, "wire": 0, "assets": 0, "measure": 0, "seeds": 0, "device": 0,   # bottom
+LAYER = {"config": 0, "wire": 0, "assets": 0, "measure": 0, "seeds": 0, "device": 0, "provenance": 0,   # bottom
          "models": 1, "data": 1, "optim": 1,
          "methods": 2, "tasks": 2,
          "privacy": 3, "secagg": 3,

@@ -165,3 +165,18 @@ def test_why_zeroth_order_refuses_bf16_its_estimates_are_not_the_fp32_ones():
     rel = np.abs(est["bf16"] - est["fp32"]).mean() / np.abs(est["fp32"]).mean()
     corr = float(np.corrcoef(est["bf16"], est["fp32"])[0, 1])
     assert rel > 0.2 and corr < 0.95, (rel, corr)
+
+
+def test_the_package_asks_for_a_torch_floor_and_the_setup_script_installs_the_cpu_pin_first():
+    """lightfed installs beside any torch at or above its floor (a GPU machine's own build); the set-up script alone
+    pins the CPU build, before anything else could pull a CUDA one."""
+    import re
+    import tomllib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req = [d for d in deps if re.match(r"torch\b", d)]
+    assert len(torch_req) == 1 and re.fullmatch(r"torch>=[0-9.]+", torch_req[0].replace(" ", "")), torch_req
+    setup = (root / "scripts" / "setup.sh").read_text().splitlines()
+    installs = [i for i, line in enumerate(setup) if "pip install" in line and not line.lstrip().startswith("#")]
+    assert installs and "torch==" in setup[installs[0]], "setup.sh's first install pins torch (the CPU build)"

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from lightfed import config as C
 from lightfed import device as D
+from lightfed import methods
 
 
 @dataclass
@@ -151,16 +152,12 @@ def _from_run(run: Path, device: str) -> LM | Classifier:
     """A finished run's final global model (what `lightfed export` would write), without writing it."""
     from lightfed import export as E
     from lightfed.engine import local
-    from lightfed.engine import protocol as P
     from lightfed.models import backbones
     cfg = local.load_config(run)
-    cfg.device, cfg.dtype = device, "fp32"
-    rnd, state, _, _ = local.load_checkpoint(run)
-    S = local.build(cfg)
-    if not S.method.federated:
+    if not methods.METHODS[cfg.method].federated:
         raise C.ConfigError(f"{run}: {cfg.method} has no global model; `lightfed export {run} --client K` writes a client's")
-    S.method.load(S.model, P.received(S.method, state, rnd + 1, cfg.max_message_bytes))
-    model = S.model.eval()
+    S, rnd = local.final_model(run, device)
+    model, cfg = S.model, S.cfg
     if E.latent.latent_layers(model):                       # FLITE's map baked in; LoRA merged: plain modules
         model = E.merge_latent(model)
     model = E.merge_lora(model)

@@ -254,6 +254,19 @@ def load_config(out: str | Path) -> C.RunConfig:
     return cfg
 
 
+def final_model(out: str | Path, device: str = "cpu", dtype: str = "fp32") -> tuple[Setup, int]:
+    """A run folder's last checkpointed global model as its clients receive it (the state through the downlink codec:
+    what the run evaluated), rebuilt from the run's own config on `device` with its frozen weights in `dtype`, in eval
+    mode. -> (the Setup: .model, .task, .method, .cfg; the checkpoint's round)."""
+    cfg = load_config(out)
+    cfg.device, cfg.dtype = device, dtype
+    rnd, state, _, _ = load_checkpoint(Path(out))
+    S = build(cfg)
+    S.method.load(S.model, P.received(S.method, state, rnd + 1, cfg.max_message_bytes))
+    S.model.eval()
+    return S, rnd
+
+
 def resume_config(out: str | Path, rounds: int | None = None, device: str | None = None) -> C.RunConfig:
     """The config that continues the run in folder `out`, wherever that folder now lives (its results are written
     there, whatever config.json says it was called). rounds: continue to that many rounds instead (more extends a
