@@ -161,9 +161,9 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
     return g, common.reuse_or_run(g, workers, FROM_RUNS)
 
 
-
 def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
-    return R.ce_buckets(model, ids, WINDOW, bucket, carry)
+    from lightfed.models import streaming
+    return streaming.ce_buckets(model, ids, WINDOW, bucket, carry)
 
 
 CE_METHODS = ("FedNL", "FedNL, its own lr", "FedAvg+LoRA")

@@ -27,7 +27,6 @@ its KV cache grows with the input), and the LoRA baselines trained in both setti
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import sys
@@ -38,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import reuse_or_run, source_of, verdict, why, wilson  # noqa: E402
+from lightfed.data.passkey import needle_alone, needle_moved  # noqa: E402  (WHY's stream edits)
 
 RUNS = Path("runs/fednl_retrieval")
 UNIT = 64
@@ -249,8 +249,7 @@ def evaluator() -> str:
     from lightfed.models import delta_memory, lm, streaming
     from lightfed.tasks import niah as task_niah, passkey as task_passkey
     return source_of(data_passkey, niah, delta_memory, lm, streaming, task_niah, task_passkey, template_scores,
-                     template_cells, evaluate_model, _chunks, needle_moved, needle_alone, heldout_austen_ids, ce_buckets,
-                     ce_curve, digit_hits)
+                     template_cells, evaluate_model, heldout_austen_ids, ce_curve)
 
 
 def cached(path: Path, key: dict, fn):
@@ -279,28 +278,6 @@ def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> dict:
     """{cell: exact match} on the pass key's test streams (edit: as template_scores')."""
     return template_scores(model, {**task_opts, "templates": "passkey"}, window, reset, edit)[0]["passkey"]
-
-
-def _chunks(s, order: list[int], unit: int):
-    """Stream s made of its chunks in `order` (the needle's chunk named by position in it); chunks and depth stay the
-    ones it was drawn with (its cell)."""
-    import torch
-
-    def cut(x):
-        return None if x is None else torch.cat([x[j * unit:(j + 1) * unit] for j in order])
-    return dataclasses.replace(s, ids=cut(s.ids), targets=cut(s.targets), gold_of=cut(s.gold_of),
-                               needle_chunk=order.index(s.needle_chunk))
-
-
-def needle_moved(s, unit: int):
-    """The same chunks with the needle's moved to just before the question's: the haystack chunks written after the
-    needle are written before it instead. Attention is local to a chunk, so the memory's writes are all that moves."""
-    return _chunks(s, [j for j in range(s.chunks - 1) if j != s.needle_chunk] + [s.needle_chunk, s.chunks - 1], unit)
-
-
-def needle_alone(s, unit: int):
-    """The needle's chunk, then the question's: nothing else written (a 2-chunk stream, shorter than any trained on)."""
-    return _chunks(s, [s.needle_chunk, s.chunks - 1], unit)
 
 
 WHY = {"needle moved next to the question": needle_moved, "needle's chunk alone before the question": needle_alone}
@@ -344,34 +321,15 @@ def heldout_austen_ids(n: int):
     return torch.tensor([tok(text[: n * 8], add_special_tokens=False)["input_ids"][:n]])
 
 
-def ce_buckets(model, ids, window: int, bucket: int, carry: bool = True, reset_every: int = 0) -> list[float]:
-    """Next-token CE along `ids` (1, T), attention local to `window`-token chunks, the memory carried across chunks or
-    emptied at each (the ablation) or every `reset_every` chunks; the mean per `bucket` tokens."""
-    from lightfed.models import streaming
-    nll, _ = streaming.stream_nll(model, ids, window, carry, reset_every)
-    k = nll.numel() // bucket
-    return [float(x) for x in nll[: k * bucket].float().view(k, bucket).mean(1)]
-
-
 def ce_curve(model, size: dict, carry: bool, reset_every: int = 0) -> list[float]:
     """CE per bucket along the first `ce_tokens` held-out Austen tokens, 64-token chunks, in bf16."""
     import torch
     from lightfed import device
+    from lightfed.models import streaming
     model.eval()
     with device.using("cpu", "bf16"), torch.no_grad():
-        return ce_buckets(model, heldout_austen_ids(size["ce_tokens"]), UNIT, size["ce_bucket"], carry, reset_every)
-
-
-def digit_hits(model, ids, tgt, window: int = UNIT):
-    """(B, digits) bool: each answer digit is the argmax given the digits before it (teacher forced), streams (B, T)
-    in one batch; the caller sets the device and dtype."""
-    import torch
-    from lightfed.models import streaming
-    with torch.no_grad():
-        h = streaming.hidden(model, ids, window, targets=tgt)
-        sel = tgt[:, 1:]
-        pred = model.lm_head(h[:, :-1][sel]).argmax(-1).view(len(ids), -1)
-    return pred == ids[:, 1:][sel].view(len(ids), -1)
+        return streaming.ce_buckets(model, heldout_austen_ids(size["ce_tokens"]), UNIT, size["ce_bucket"], carry,
+                                    reset_every)
 
 
 def by_length(cells: dict) -> dict[str, float]:
@@ -789,28 +747,14 @@ def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None
 
 
 def template_scores(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> tuple[dict, dict]:
-    """({template: {cell: exact match}}, {template: {cell: golds found}}) on the test streams of every template, from
-    one forward: golds found = the fraction of gold values found (RULER's string-match-all, teacher forced; differs
-    from exact match where a stream asks several values). edit: each stream rebuilt by edit(stream, unit) first (its
-    cell stays the one it was drawn in)."""
+    """tasks/passkey.by_cell in bf16 on the CPU: ({template: {cell: exact match}}, {template: {cell: golds found}})."""
     from lightfed import device
     from lightfed.models import backbones
     from lightfed.tasks import passkey
-    o = passkey.Options(**task_opts)
     tok = backbones.smollm2_tokenizer()
     tok.model_max_length = 10**9
-    out: tuple[dict, dict] = ({}, {})
-    model.eval()
-    for t in o.names():
-        ss = passkey.streams(o, tok, "eval", template=t)
-        with device.using("cpu", "bf16"):
-            xs = passkey.scores(model, [edit(x, o.unit) for x in ss] if edit else ss, window, reset=reset)
-        for m in (0, 1):
-            cells: dict[str, list[float]] = {}
-            for s, x in zip(ss, xs):
-                cells.setdefault(passkey.cell(s), []).append(x[m])
-            out[m][t] = {k: float(np.mean(v)) for k, v in cells.items()}
-    return out
+    with device.using("cpu", "bf16"):
+        return passkey.by_cell(model, passkey.Options(**task_opts), tok, window, reset, edit)
 
 
 def template_cells(model, task_opts: dict, window: int, reset: bool = False, golds: bool = False) -> dict:

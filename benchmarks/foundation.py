@@ -84,8 +84,8 @@ def main(argv=None):
              + "; ".join(f"{s['method']} / {s['config']['partition']}: code {p['code']}, commit {p['commit']}, {p['date']}"
                          for s in runs for p in s["provenance"] if not p["at_hand"]), ""]
             if any(not p["at_hand"] for s in runs for p in s["provenance"]) else []),
-          f"Every run from the run store (runs/store/<task>-<method>-<config hash>), reused while the lightfed code it "
-          f"ran is unchanged; each run's provenance (code, commit, date, command) is in the JSON.",
+          "Every run from the run store (runs/store/<task>-<method>-<config hash>), reused while the lightfed code it "
+          "ran is unchanged; each run's provenance (code, commit, date, command) is in the JSON.",
           f"Engine overhead (what the simulator adds: client sampling, data slicing, measurement, progress, "
           f"checkpoints, results) is at most {100 * worst:.2f}% of client compute "
           f"(target < 5%: {'met' if worst < 0.05 else 'MISSED'}).",

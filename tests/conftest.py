@@ -10,17 +10,7 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 from lightfed import assets, config, tasks  # noqa: E402
 
-# Tiny twins of each task: real data and tokenizers, random backbones of a few thousand weights.
-TINY = {
-    "sentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 16},
-    "fmnist": {"tiny": True, "train_size": 64, "test_size": 32},
-    "austen": {"tiny": True, "block_len": 32, "train_blocks": 36, "test_blocks": 12},
-    "trivia": {"tiny": True, "train_size": 32, "test_size": 16, "max_len": 32},
-    "psentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 24},
-    "passkey": {"tiny": True, "train_size": 4, "train_chunks": 2, "lengths": "2", "depths": "0,1", "test_per_cell": 2},
-    "niah": {"tiny": True, "train_len": 256, "lengths": "256,384", "train_per_template": 2, "test_per_cell": 1,
-             "window": 64, "gen_tokens": 6},
-}
+TINY = tasks.TINY     # the tiny twin of each task (real data and tokenizers, random backbones)
 
 
 def tiny_config(task="sentiment", method="fedavg", tmp_path=None, **kw) -> config.RunConfig:

@@ -501,30 +501,6 @@ def test_recipe_rows_run_alone_join_the_stored_rows_in_the_recipes_order(monkeyp
     assert [x["label"] for x in R.part_recipe("cpu", 1, {R.RECIPE[-2][0]}, other)["rows"]] == [R.RECIPE[-2][0]]
 
 
-def test_needle_moved_and_alone_rebuild_a_stream_from_its_own_chunks():
-    """WHY's edits: the needle's chunk moved next to the question keeps every chunk (only their order, hence the order
-    of the memory's writes, changes), and is the stream itself when the needle was already there; alone keeps the
-    needle's chunk and the question's. The cell stays the one the stream was drawn in."""
-    import torch
-    import fednl_retrieval as R
-    from lightfed.data.passkey import Stream
-    from lightfed.tasks import passkey
-    U, n = 3, 4
-    ids = torch.arange(n * U)
-    tgt = torch.zeros(n * U, dtype=torch.bool)
-    tgt[-2:] = True
-    chunk = lambda x, j: x[j * U:(j + 1) * U].tolist()      # noqa: E731
-    s = Stream(ids, tgt, n, 0.0, 0, "1234567")
-    m = R.needle_moved(s, U)
-    assert [chunk(m.ids, j) for j in range(n)] == [chunk(ids, 1), chunk(ids, 2), chunk(ids, 0), chunk(ids, 3)]
-    assert m.targets.tolist() == tgt.tolist() and m.needle_chunk == 2 and passkey.cell(m) == passkey.cell(s) == "4/0"
-    last = Stream(ids, tgt, n, 0.75, 2, "1234567")
-    assert R.needle_moved(last, U).ids.tolist() == ids.tolist()
-    a = R.needle_alone(Stream(ids, tgt, n, 0.5, 1, "1234567", gold_of=ids % 2), U)
-    assert a.ids.tolist() == chunk(ids, 1) + chunk(ids, 3) and a.gold_of.tolist() == [x % 2 for x in a.ids.tolist()]
-    assert a.targets.tolist() == [False] * (2 * U - 2) + [True] * 2 and a.needle_chunk == 0
-
-
 def test_why_table_sets_each_edit_beside_the_streams_as_drawn_and_merges_by_seed():
     import json
     import fednl_retrieval as R

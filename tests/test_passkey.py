@@ -234,3 +234,26 @@ def test_training_needles_are_placed_by_chunk_index_so_every_chunk_but_the_quest
         want = tok(" " + s.value.split(", ")[0], add_special_tokens=False)["input_ids"][1:]
         assert any(chunk[i:i + len(want)] == want for i in range(W - len(want) + 1))
     assert all(PK.P.chunk_of(4, k / 3) == k for k in range(3))      # at 4 chunks the old rule gave the same chunks
+
+
+def test_needle_moved_and_alone_rebuild_a_stream_from_its_own_chunks():
+    """The needle edits (benchmarks/fednl_retrieval.WHY): the needle's chunk moved next to the question keeps every chunk (only their order, hence the order
+    of the memory's writes, changes), and is the stream itself when the needle was already there; alone keeps the
+    needle's chunk and the question's. The cell stays the one the stream was drawn in."""
+    import torch
+    from lightfed.data.passkey import Stream, needle_alone, needle_moved
+    from lightfed.tasks import passkey
+    U, n = 3, 4
+    ids = torch.arange(n * U)
+    tgt = torch.zeros(n * U, dtype=torch.bool)
+    tgt[-2:] = True
+    chunk = lambda x, j: x[j * U:(j + 1) * U].tolist()      # noqa: E731
+    s = Stream(ids, tgt, n, 0.0, 0, "1234567")
+    m = needle_moved(s, U)
+    assert [chunk(m.ids, j) for j in range(n)] == [chunk(ids, 1), chunk(ids, 2), chunk(ids, 0), chunk(ids, 3)]
+    assert m.targets.tolist() == tgt.tolist() and m.needle_chunk == 2 and passkey.cell(m) == passkey.cell(s) == "4/0"
+    last = Stream(ids, tgt, n, 0.75, 2, "1234567")
+    assert needle_moved(last, U).ids.tolist() == ids.tolist()
+    a = needle_alone(Stream(ids, tgt, n, 0.5, 1, "1234567", gold_of=ids % 2), U)
+    assert a.ids.tolist() == chunk(ids, 1) + chunk(ids, 3) and a.gold_of.tolist() == [x % 2 for x in a.ids.tolist()]
+    assert a.targets.tolist() == [False] * (2 * U - 2) + [True] * 2 and a.needle_chunk == 0

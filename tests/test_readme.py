@@ -30,14 +30,19 @@ SETUP = [
 NUMBER = re.compile(r"(?<![\w.,\-])([+-]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]\d+)?)([†‡]*)")
 
 
+def _benchmarks_importable():
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
 def _verdict_rule():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    _benchmarks_importable()
     from common import verdict
     return verdict
 
 
 def _threshold_rule():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    _benchmarks_importable()
     from fednl_retrieval import threshold_target
     return threshold_target
 

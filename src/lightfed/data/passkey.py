@@ -26,6 +26,7 @@ geometry that fails, fails for every seed, before any stream is drawn.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,26 @@ class Stream:
     value: str
     gold_of: torch.Tensor | None = None    # (chunks x window,) int: the gold value a target token spells (0, 1, ...),
                                            # -1 elsewhere (a separator, not a target); None: one gold, every target
+
+
+def reorder(s: Stream, order: list[int], unit: int) -> Stream:
+    """Stream s made of its `unit`-token chunks in `order` (the needle's chunk named by its place in it); chunks and
+    depth stay the ones it was drawn with (its cell)."""
+    def cut(x):
+        return None if x is None else torch.cat([x[j * unit:(j + 1) * unit] for j in order])
+    return dataclasses.replace(s, ids=cut(s.ids), targets=cut(s.targets), gold_of=cut(s.gold_of),
+                               needle_chunk=order.index(s.needle_chunk))
+
+
+def needle_moved(s: Stream, unit: int) -> Stream:
+    """The same chunks with the needle's moved to just before the question's: the haystack chunks written after the
+    needle are written before it instead. Attention is local to a chunk, so the memory's writes are all that moves."""
+    return reorder(s, [j for j in range(s.chunks - 1) if j != s.needle_chunk] + [s.needle_chunk, s.chunks - 1], unit)
+
+
+def needle_alone(s: Stream, unit: int) -> Stream:
+    """The needle's chunk, then the question's: nothing else written (a 2-chunk stream)."""
+    return reorder(s, [s.needle_chunk, s.chunks - 1], unit)
 
 
 def chunk_of(chunks: int, depth: float) -> int:

@@ -125,6 +125,14 @@ def stream_nll(model, ids: torch.Tensor, window: int, carry: bool = True, reset_
         return torch.cat(out), st.nbytes()
 
 
+def ce_buckets(model, ids: torch.Tensor, window: int, bucket: int, carry: bool = True, reset_every: int = 0) -> list[float]:
+    """Next-token CE along one long stream (1, T) in `window`-token chunks (stream_nll: the memory carried, emptied at
+    every chunk, or every `reset_every` chunks), the mean over each `bucket` tokens: how the CE moves along the stream."""
+    nll, _ = stream_nll(model, ids, window, carry, reset_every)
+    k = nll.numel() // bucket
+    return [float(x) for x in nll[: k * bucket].float().view(k, bucket).mean(1)]
+
+
 @torch.no_grad()
 def kv_nll(model, ids: torch.Tensor, chunk: int) -> tuple[torch.Tensor, int, bool]:
     """The backbone with a full KV cache, fed `chunk` tokens at a time, up to its context limit.

@@ -25,6 +25,19 @@ from lightfed.tasks.base import Task  # noqa: F401  (the record every task build
 
 TASKS = {m.__name__.rsplit(".", 1)[-1]: m for m in (sentiment, psentiment, trivia, austen, fmnist, niah, passkey, textclf, synthetic)}
 
+# The tiny twin of each task (tests, `reproduce.py --quick`): real data and tokenizers, random backbones of a few
+# thousand weights, a few examples.
+TINY = {
+    "sentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 16},
+    "fmnist": {"tiny": True, "train_size": 64, "test_size": 32},
+    "austen": {"tiny": True, "block_len": 32, "train_blocks": 36, "test_blocks": 12},
+    "trivia": {"tiny": True, "train_size": 32, "test_size": 16, "max_len": 32},
+    "psentiment": {"tiny": True, "train_size": 64, "test_size": 32, "max_len": 24},
+    "passkey": {"tiny": True, "train_size": 4, "train_chunks": 2, "lengths": "2", "depths": "0,1", "test_per_cell": 2},
+    "niah": {"tiny": True, "train_len": 256, "lengths": "256,384", "train_per_template": 2, "test_per_cell": 1,
+             "window": 64, "gen_tokens": 6},
+}
+
 
 def options(name: str, given: dict):
     if name not in TASKS:

@@ -184,6 +184,23 @@ def exact_match(model, ss: list[P.Stream], window: int, reset: bool = False, bat
     return [x for x, _ in scores(model, ss, window, reset, batch)]
 
 
+def by_cell(model, o: Options, tok, window: int, reset: bool = False, edit=None) -> tuple[dict, dict]:
+    """({template: {cell: exact match}}, {template: {cell: golds found}}) over the evaluation streams of every template
+    of `o`, from one teacher-forced pass (scores). edit: each stream rebuilt by edit(stream, o.unit) first (e.g.
+    data.passkey.needle_moved; its cell stays the one it was drawn in). The caller sets the device and precision."""
+    out: tuple[dict, dict] = ({}, {})
+    model.eval()
+    for t in o.names():
+        ss = streams(o, tok, "eval", template=t)
+        xs = scores(model, [edit(x, o.unit) for x in ss] if edit else ss, window, reset=reset)
+        for m in (0, 1):
+            cells: dict[str, list[float]] = {}
+            for s, x in zip(ss, xs):
+                cells.setdefault(cell(s), []).append(x[m])
+            out[m][t] = {k: float(np.mean(v)) for k, v in cells.items()}
+    return out
+
+
 def cell(s: P.Stream) -> str:
     return f"{s.chunks}/{s.depth:g}"
 
