@@ -242,6 +242,27 @@ def test_latent_round_trip_on_the_wire(codec):
     assert (back - z).abs().max() <= z.abs().max() / qmax / 2 + 1e-7
 
 
+def test_latents_at_int4g_carry_a_scale_per_group_of_32_and_stochastic_rounding_stays_on_its_grid():
+    """codec = int4g: the latents' int4 codes with one scale per 32 (a layer of small latents is not rounded against
+    another layer's large ones); the client's stochastic rounding lands on values the wire then carries exactly."""
+    from lightfed.wire.quantize import GROUP, payload_nbytes
+    _, cfg, m, model = flite(codec="int4g", stochastic=True)
+    K = model.z.numel()
+    z = torch.randn(K, generator=torch.Generator().manual_seed(5)) * torch.logspace(-3, 0, K)   # layers of all sizes
+    blob = encode({"z": z}, m.up_schema(), kind="flite/up")
+    # header 8, name "z" 2, type/codec/ndim 3, one varint dim (K >= 128: 2 B), no scale in the head, CRC 4
+    assert len(blob) == encoded_size(m.up_schema(), "flite/up") == payload_nbytes("int4g", K) + 19
+    back = decode(blob, m.up_schema(), kind="flite/up", max_bytes=10**6)["z"]
+    step = torch.cat([z, z.new_zeros(-K % GROUP)]).view(-1, GROUP).abs().amax(1).repeat_interleave(GROUP)[:K] / 7
+    assert ((back - z).abs() <= step / 2 * (1 + 1e-6)).all()
+    assert (back != 0).float().mean() > 0.8          # one scale for all (int4) would zero most of the small layers
+    on_grid = m._round({"z": z}, torch.Generator().manual_seed(1))["z"]            # the client's stochastic rounding
+    assert not torch.equal(on_grid, back)
+    again = decode(encode({"z": on_grid}, m.up_schema(), kind="flite/up"), m.up_schema(), kind="flite/up",
+                   max_bytes=10**6)["z"]
+    assert torch.equal(again, on_grid)
+
+
 def test_client_update_changes_only_z_and_stochastic_rounding_is_on_the_grid():
     T, cfg, m, model = flite(codec="int4", stochastic=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -468,3 +468,33 @@ def test_absurd_shape_with_a_zero_dim_refused():
     huge = b"\xff\xff\xff\xff\x0f"                                   # 2**32 - 1 as a varint
     forged = recrc(msg[:12] + b"\x03" + b"\x00" + huge + huge + msg[15:-4] + b"CRC!")
     expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="too large")
+
+
+# ---------------------------------------------------------------- int4g: int4 with a scale per group of 32
+
+def test_int4g_rounds_each_value_against_its_own_group_and_keeps_small_groups():
+    """One large value zeroes a tensor's small ones under int4 (one scale for all); under int4g each group of 32
+    has its own scale: the error of every element is at most half its group's step, and the small groups survive."""
+    G = wire_quantize.GROUP
+    x = torch.cat([torch.tensor([1000.0]), torch.randn(G - 1), 0.01 * torch.randn(3 * G + 5)])   # 4 groups and 5
+    payload, scale = quantize(x, "int4g")
+    assert scale == 1.0 and len(payload) == payload_nbytes("int4g", x.numel()) == 4 * 5 + (x.numel() + 1) // 2
+    y = dequantize(payload, "int4g", 1.0, x.numel())
+    step = torch.cat([torch.cat([x, x.new_zeros(-x.numel() % G)]).view(-1, G).abs().amax(1) / 7]).repeat_interleave(G)
+    assert ((y - x).abs() <= step[: x.numel()] / 2 * (1 + 1e-6)).all()
+    p4, s4 = quantize(x, "int4")
+    y4 = dequantize(p4, "int4", s4, x.numel())
+    assert (y4[G:] == 0).all() and (y[G:] != 0).float().mean() > 0.8          # int4 zeroes them, int4g keeps them
+    schema, msg = one_tensor(x, "int4g")
+    assert torch.equal(decode(msg, schema, kind="up", max_bytes=BIG)["w"], y)
+    assert len(msg) == encoded_size(schema, "up")
+
+
+def test_int4g_group_scales_are_validated_on_decode():
+    schema, msg = one_tensor(torch.randn(40), "int4g")        # payload at 11 + 2 + 1 = 14: 2 scales, then nibbles
+    for bad in (math.nan, math.inf, 0.0, -1.0):
+        for k in (0, 1):
+            forged = patch(msg, 14 + 4 * k, struct.pack("<f", bad))
+            expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="scale")
+    forged = patch(msg, 14, struct.pack("<f", 3e38))                                # finite, overflows on decode
+    expect("w", decode, forged, schema, kind="up", max_bytes=BIG, match="non-finite")

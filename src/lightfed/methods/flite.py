@@ -19,7 +19,7 @@ Head (a model's nn.Linear `head`): "orthogonal" = seeds.orthogonal from the fact
 not sent (the paper); "random" = N(0, 1/in) from the factor seed, frozen; "trainable" = the task's
 head, trained and sent (fields head.weight, head.bias); "keep" = the model's head as it is, frozen (a
 probed head from `init`: LP-then-FT).
-Wire: field "z" (+ head fields), `codec` both ways. `stochastic`: int8/int4 values are rounded
+Wire: field "z" (+ head fields), `codec` both ways. `stochastic`: int8/int4/int4g values are rounded
 stochastically before the wire sees them (client: its own generator; server: a generator seeded
 by (factor seed, round)); the values then lie on the wire's grid, whose round-to-nearest keeps
 them (the scale is recomputed from them, exact up to one float32 ulp), so the mean is unbiased.
@@ -90,8 +90,8 @@ class Options(fedavg.Options, LatentOptions):
     # lightfed's default map (benchmarks/results/flite_ablation.md); the paper's: r = 6, head = "orthogonal"
     r: int = 20                     # 36 x 400 = 14,400 latents on MiniLM-L6
     head: str = "trainable"
-    codec: str = "int4"             # 4 bits a latent on the wire, both ways
-    stochastic: bool = False        # stochastic rounding for int8/int4
+    codec: str = "int4"             # 4 bits a latent on the wire, both ways (int4g: + a float32 scale per 32 latents)
+    stochastic: bool = False        # stochastic rounding for int8/int4/int4g
     head_lr: float = 0.0            # head = trainable: the head's own lr (0: the run's lr, one group with z)
     delta: bool = False             # upload z_k - z^t (the round's move) instead of z_k; the server adds the mean
                                     # move to its fp32 z (lightfed's; the paper sends z)
@@ -155,7 +155,7 @@ class FLITE(fedavg.FedAvg):
                 {"params": [p for n, p in ps.items() if n.startswith("head.")], "lr": self.opts.head_lr}]
 
     def _round(self, fields, g):
-        if not (self.opts.stochastic and self.opts.codec in ("int8", "int4")):
+        if not (self.opts.stochastic and self.opts.codec in ("int8", "int4", "int4g")):
             return fields
         out = {}
         for n, t in fields.items():

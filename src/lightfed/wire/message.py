@@ -14,7 +14,7 @@ Binary layout, version 2 (little-endian; "varint" = unsigned LEB128, shortest fo
                varint         field count (<= 65535)
     per field  1 + n          name: uint8 length + utf-8 (n <= 255)
                1              type: 1 tensor, 2 int, 3 float, 4 bytes
-      tensor   1              codec: 0 fp32, 1 bf16, 2 int8, 3 int4, 4 i64, 5 i32
+      tensor   1              codec: 0 fp32, 1 bf16, 2 int8, 3 int4, 4 i64, 5 i32, 6 int4g (its scales in the payload)
                1 + varints    ndim (uint8), then each dim (< 2**32) as a varint
                4              scale (float32), int8/int4 only
                payload        payload_nbytes(codec, numel); i64/i32 raw integers
@@ -47,7 +47,8 @@ from .quantize import CODECS, dequantize, finite_range, payload_nbytes, quantize
 MAGIC = b"LF"
 VERSION = 2
 KINDS = ("tensor", "int", "float", "bytes")  # type byte = index + 1
-TENSOR_CODECS = CODECS + ("i64", "i32")  # codec byte = index
+TENSOR_CODECS = ("fp32", "bf16", "int8", "int4", "i64", "i32", "int4g")  # codec byte = index (new codecs at the end)
+assert set(CODECS) <= set(TENSOR_CODECS)
 _INT = {"i64": ("<i8", torch.int64), "i32": ("<i4", torch.int32)}  # raw integer tensors
 _SCALED = ("int8", "int4")  # codecs that carry a scale
 _MIN_SIZE = 2 + 1 + 4 + 1 + 4  # no fields

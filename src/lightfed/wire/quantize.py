@@ -8,8 +8,12 @@
                        element 2i -> low nibble, 2i+1 -> high nibble
                        of byte i; an odd count pads the last high
                        nibble with 8 (= zero)
+    int4g  1/2 + 1/8   ceil(n / 32) float32 scales, one per group of    1.0 (in the payload)
+                       32 elements (max|x| / 7 over the group), then
+                       the int4 nibbles as above
 
-int8/int4 are symmetric per-tensor. The scale is rounded to float32 (that is what the
+int8/int4 are symmetric per-tensor; int4g per group of GROUP = 32 elements, so a small value is rounded against the
+largest of its own group, not of the whole tensor (a latent tensor whose layers differ in size keeps its small ones). The scale is rounded to float32 (that is what the
 wire carries) *before* it is used, so encoder and decoder agree exactly; an all-zero
 tensor gets scale 1.0.
 Rounding of x / scale:
@@ -23,8 +27,9 @@ fp32/bf16 ignore the generator.
 import numpy as np
 import torch
 
-CODECS = ("fp32", "bf16", "int8", "int4")
+CODECS = ("fp32", "bf16", "int8", "int4", "int4g")
 _QMAX = {"int8": 127, "int4": 7}
+GROUP = 32                  # int4g: elements per scale
 
 
 def payload_nbytes(codec: str, numel: int) -> int:
@@ -37,6 +42,8 @@ def payload_nbytes(codec: str, numel: int) -> int:
         return numel
     if codec == "int4":
         return (numel + 1) // 2
+    if codec == "int4g":
+        return 4 * -(-numel // GROUP) + (numel + 1) // 2
     raise ValueError(f"unknown codec {codec!r}, expected one of {CODECS}")
 
 
@@ -67,6 +74,8 @@ def quantize_array(x: torch.Tensor, codec: str, generator: torch.Generator | Non
     if codec == "bf16":
         bits = x.to("cpu", torch.bfloat16).view(torch.int16)  # raw bf16 bit patterns
         return bits.numpy().astype("<i2", copy=False), 1.0
+    if codec == "int4g":
+        return _int4_groups(x.float(), generator), 1.0
     if codec not in _QMAX:
         raise ValueError(f"unknown codec {codec!r}, expected one of {CODECS}")
     qmax = _QMAX[codec]
@@ -88,10 +97,35 @@ def quantize_array(x: torch.Tensor, codec: str, generator: torch.Generator | Non
     q = v.clamp_(-qmax, qmax).to(torch.int8).cpu().numpy()  # move 1 byte/elem, not 4
     if codec == "int8":
         return q, scale
+    return _nibbles(q), scale
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """int8 codes in [-7, 7] -> int4's bytes (q + 8 a nibble, low first; an odd count padded with 8)."""
     u8 = (q + np.int8(8)).view(np.uint8)  # 1..15
     if u8.size % 2:
         u8 = np.append(u8, np.uint8(8))  # pad nibble = zero
-    return u8[0::2] | (u8[1::2] << 4), scale
+    return u8[0::2] | (u8[1::2] << 4)
+
+
+def _int4_groups(x: torch.Tensor, generator: torch.Generator | None) -> np.ndarray:
+    """int4g: the float32 scale of each group of GROUP elements, then the int4 nibbles of x / its group's scale."""
+    n = x.numel()
+    if n == 0:
+        return np.zeros(0, np.uint8)
+    lo, hi = torch.aminmax(x)
+    if not (lo.isfinite() and hi.isfinite()):
+        raise ValueError("int4g cannot encode non-finite values")
+    g = torch.cat([x, x.new_zeros(-n % GROUP)]).view(-1, GROUP)              # (groups, GROUP)
+    scale = (g.abs().amax(1).double() / 7).float()                          # float32: what the wire carries
+    scale[scale == 0] = 1.0                                                 # an all-zero group
+    v = g / scale[:, None]
+    if generator is None:
+        v.round_()
+    else:
+        v.add_(torch.rand(v.shape, generator=generator, device=generator.device).to(v.device)).floor_()
+    q = v.clamp_(-7, 7).to(torch.int8).reshape(-1)[:n].numpy()
+    return np.concatenate([scale.numpy().astype("<f4").view(np.uint8), _nibbles(q)])
 
 
 def dequantize(payload: bytes, codec: str, scale: float, numel: int) -> torch.Tensor:
@@ -110,14 +144,27 @@ def dequantize(payload: bytes, codec: str, scale: float, numel: int) -> torch.Te
         q = np.frombuffer(payload, np.int8)
         if q.min(initial=0) == -128:
             raise ValueError("int8 code -128 is out of range [-127, 127]")
-    else:  # int4
-        b = np.frombuffer(payload, np.uint8)
-        u8 = np.empty(2 * b.size, np.uint8)
-        u8[0::2], u8[1::2] = b & 15, b >> 4
-        if numel % 2 and u8[-1] != 8:
-            raise ValueError(f"int4 padding nibble is {u8[-1]}, expected 8")
-        u8 = u8[:numel]
-        if u8.min(initial=1) == 0:
-            raise ValueError("int4 code -8 is out of range [-7, 7]")
-        q = u8.view(np.int8) - np.int8(8)
+    elif codec == "int4":
+        q = _codes(payload, numel)
+    else:  # int4g
+        k = 4 * -(-numel // GROUP)
+        scales = np.frombuffer(payload[:k], "<f4")
+        if not (np.isfinite(scales).all() and (scales > 0).all()):
+            raise ValueError("int4g group scale is not finite and positive")
+        q = _codes(payload[k:], numel).astype(np.float32)
+        q *= np.repeat(scales, GROUP)[:numel]
+        return torch.from_numpy(q)
     return torch.from_numpy(q.astype(np.float32)) * scale
+
+
+def _codes(payload: bytes, numel: int) -> np.ndarray:
+    """int4's bytes -> the int8 codes in [-7, 7], refusing what _nibbles never writes."""
+    b = np.frombuffer(payload, np.uint8)
+    u8 = np.empty(2 * b.size, np.uint8)
+    u8[0::2], u8[1::2] = b & 15, b >> 4
+    if numel % 2 and u8[-1] != 8:
+        raise ValueError(f"int4 padding nibble is {u8[-1]}, expected 8")
+    u8 = u8[:numel]
+    if u8.min(initial=1) == 0:
+        raise ValueError("int4 code -8 is out of range [-7, 7]")
+    return u8.view(np.int8) - np.int8(8)
