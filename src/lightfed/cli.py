@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     pt.add_argument("task", choices=["fmnist"])
     pt.add_argument("--arch", default="resnet18", help="resnet18 (FLITE's paper scale, ~11M weights) | small")
     pt.add_argument("--epochs", type=int, default=0, help="0: the arch's default")
+    pt.add_argument("--head", default="trained", help="trained (a 5-way head trained with the body) | orthogonal (a "
+                    "frozen orthogonal 10-way head, rows 0-4 in pretraining: --task-opt base_head=orthogonal uses it)")
     return p
 
 
@@ -280,10 +282,10 @@ def main(argv=None) -> int:
             return 0
         if a.cmd == "pretrain":
             from lightfed.tasks import fmnist
-            fmnist.Options(arch=a.arch, pretrain_epochs=a.epochs).check()
+            fmnist.Options(arch=a.arch, pretrain_epochs=a.epochs, base_head=a.head).check()
             epochs = a.epochs or fmnist.ARCHS[a.arch][3]
-            fmnist.pretrained_base(a.arch, epochs)
-            print(json.dumps(fmnist.base_report(a.arch, epochs), indent=1))
+            fmnist.pretrained_base(a.arch, epochs, head=a.head)
+            print(json.dumps(fmnist.base_report(a.arch, epochs, head=a.head), indent=1))
             return 0
     except (C.ConfigError, AssetMissing) as e:
         print(f"lightfed: error: {e}", file=sys.stderr)

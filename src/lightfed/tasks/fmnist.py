@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightfed import assets
+from lightfed import assets, seeds
 from lightfed.config import ConfigError
 from lightfed.data import datasets
 from lightfed.models import vision
@@ -34,6 +34,18 @@ ARCHS = {   # arch -> (full-size constructor kwargs, tiny twin's, input side, de
     "small": ({"widths": (16, 32, 64)}, {"widths": (8, 16, 16)}, 28, 2),
 }
 PRETRAIN_VAL = 1000      # pretraining images held out to report the base's accuracy (classes 0-4, images 0-29,999)
+HEADS = ("trained", "orthogonal")
+
+
+class FirstClasses(torch.nn.Module):
+    """A 10-way network read on its first k classes: the base pretrained under a 10-row head uses rows 0..k-1."""
+
+    def __init__(self, net: torch.nn.Module, k: int):
+        super().__init__()
+        self.net, self.k = net, k
+
+    def forward(self, x):
+        return self.net(x)[:, : self.k]                                 # (B, k)
 
 
 @dataclass
@@ -45,6 +57,8 @@ class Options:
     validation: bool = False   # test on held-out training images instead of the official test set
     pretrained: bool = True    # False: the same architecture from random weights (FLITE's "from scratch")
     pretrain_epochs: int = 0   # 0: the arch's default (ARCHS)
+    base_head: str = "trained"  # "orthogonal": the base pretrained under a frozen orthogonal 10-way head (its rows for
+                                # classes 0-4 in pretraining), which the run's model starts with (FLITE: --opt head=keep)
     data_seed: int = 0
 
     def check(self):
@@ -56,6 +70,8 @@ class Options:
             raise ConfigError("fmnist: with validation, train_size + test_size must be <= 30000 (both from images 30,000-59,999)")
         if self.pretrain_epochs < 0:
             raise ConfigError(f"fmnist: pretrain_epochs = {self.pretrain_epochs}: must be >= 0 (0: the arch's default)")
+        if self.base_head not in HEADS:
+            raise ConfigError(f"fmnist: base_head = {self.base_head!r}: use one of {', '.join(HEADS)}")
 
 
 def images(x: torch.Tensor, side: int) -> torch.Tensor:
@@ -71,14 +87,16 @@ def network(arch: str, tiny: bool, num_classes: int) -> torch.nn.Module:
     return vision.GNResNet18(num_classes, **kw) if arch == "resnet18" else vision.GNResNet(num_classes=num_classes, **kw)
 
 
-def pretrained_base(arch: str, epochs: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def pretrained_base(arch: str, epochs: int, seed: int = 0, head: str = "trained") -> dict[str, torch.Tensor]:
     """lightfed's own base: the arch trained on classes 0-4 of training images 0-29,999 (PRETRAIN_VAL of them held
-    out). Cached by (arch, epochs, seed) under the lightfed cache, with a JSON report beside it; returns the backbone's
-    state dict (head excluded)."""
+    out). Cached by (arch, epochs, seed, head) under the lightfed cache, with a JSON report beside it; returns the
+    backbone's state dict. head "trained": a 5-way head trained with the body (not returned); "orthogonal": a 10-way
+    head with orthonormal rows, frozen, read on its rows 0-4 while the body trains under it (returned with the body:
+    the geometry FLITE's paper keeps frozen, now the one the features grew to fit)."""
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
-    path = base_path(arch, epochs, seed)
+    path = base_path(arch, epochs, seed, head)
     if path.exists():
         return load_file(path)
     d = datasets.load_fmnist()
@@ -89,9 +107,16 @@ def pretrained_base(arch: str, epochs: int, seed: int = 0) -> dict[str, torch.Te
            else np.array([], dtype=np.int64))          # the small base: all of them, as it was first built
     tr = np.setdiff1d(np.arange(len(keep)), val)
     with seeded(seed):
-        net = network(arch, False, 5)
-    print(f"lightfed: pretraining the fmnist {arch} base on {len(tr)} images of classes 0-4, {epochs} epoch(s); "
-          f"cached at {path}", file=sys.stderr)
+        net = network(arch, False, 5 if head == "trained" else 10)
+    trained = net
+    if head == "orthogonal":
+        with torch.no_grad():
+            net.head.weight.copy_(seeds.orthogonal(tuple(net.head.weight.shape), derive(seed, 0x0E4D)))   # (10, d)
+            net.head.bias.zero_()
+        net.head.requires_grad_(False)
+        trained = FirstClasses(net, 5)
+    print(f"lightfed: pretraining the fmnist {arch} base ({head} head) on {len(tr)} images of classes 0-4, {epochs} "
+          f"epoch(s); cached at {path}", file=sys.stderr)
     bar = tqdm(total=1, desc=f"pretrain fmnist {arch}", file=sys.stderr, leave=False)
 
     def progress(done, total, loss):
@@ -100,12 +125,12 @@ def pretrained_base(arch: str, epochs: int, seed: int = 0) -> dict[str, torch.Te
         bar.set_postfix(loss=f"{loss:.3f}")
 
     hold = (x[val], y[val]) if big else (None, None)
-    report = vision.pretrain(net, x[tr], y[tr], *hold, epochs=epochs, seed=seed, lr=2e-3, batch=128,
+    report = vision.pretrain(trained, x[tr], y[tr], *hold, epochs=epochs, seed=seed, lr=2e-3, batch=128,
                              **({"weight_decay": 5e-4, "schedule": "onecycle", "shift_px": 2, "bf16": True} if big else {}),
                              progress=progress)
     bar.close()
-    state = {k: v.contiguous() for k, v in net.state_dict().items() if not k.startswith("head.")}
-    report.update(arch=arch, classes=[0, 1, 2, 3, 4], source="Fashion-MNIST training images 0-29,999",
+    state = {k: v.contiguous() for k, v in net.state_dict().items() if head == "orthogonal" or not k.startswith("head.")}
+    report.update(arch=arch, head=head, classes=[0, 1, 2, 3, 4], source="Fashion-MNIST training images 0-29,999",
                   bytes_fp32=sum(v.numel() * 4 for v in state.values()), torch_threads=torch.get_num_threads())
     print(f"lightfed: fmnist {arch} base: held-out accuracy {report['heldout_accuracy']} on {report['heldout_images']} "
           f"images, {report['seconds'] / 60:.1f} min", file=sys.stderr)
@@ -118,14 +143,14 @@ def pretrained_base(arch: str, epochs: int, seed: int = 0) -> dict[str, torch.Te
     return state
 
 
-def base_path(arch: str, epochs: int, seed: int = 0):
+def base_path(arch: str, epochs: int, seed: int = 0, head: str = "trained"):
     name = f"fmnist-gnresnet-16-32-64-e{epochs}-s{seed}" if arch == "small" else f"fmnist-{arch}-e{epochs}-s{seed}"
-    return assets.cache_dir() / "models" / f"{name}.safetensors"
+    return assets.cache_dir() / "models" / f"{name}{'' if head == 'trained' else '-' + head + '-head'}.safetensors"
 
 
-def base_report(arch: str, epochs: int = 0, seed: int = 0) -> dict | None:
+def base_report(arch: str, epochs: int = 0, seed: int = 0, head: str = "trained") -> dict | None:
     """The pretraining report of a cached base (None if it was never built, or built before reports were kept)."""
-    p = base_path(arch, epochs or ARCHS[arch][3], seed).with_suffix(".json")
+    p = base_path(arch, epochs or ARCHS[arch][3], seed, head).with_suffix(".json")
     return json.loads(p.read_text()) if p.exists() else None
 
 
@@ -140,8 +165,8 @@ def build(o: Options, seed: int) -> Task:
     # first 5-way head, the one the base's features grew to fit (94-99% on classes 0-4 before any training)
     with seeded(derive(seed, 17)):
         model.head.reset_parameters()
-    if o.pretrained and not o.tiny:
-        model.load_state_dict(pretrained_base(o.arch, epochs), strict=False)
+    if o.pretrained and not o.tiny:       # base_head = orthogonal: the base's frozen 10-way head replaces the fresh one
+        model.load_state_dict(pretrained_base(o.arch, epochs, head=o.base_head), strict=False)
     train = {"x": images(d["train_x"][tr], side), "labels": d["train_y"][tr]}
     if o.validation:          # from the training images the run does not train on
         rest = np.setdiff1d(np.arange(30000, 60000), tr)
@@ -163,4 +188,4 @@ def build(o: Options, seed: int) -> Task:
                 {"backbone": name, "test_set": "held-out training images (validation)" if o.validation else "official test set",
                  "pretrained": "random (tiny)" if o.tiny else (f"lightfed's own: classes 0-4 of train images 0-29,999, "
                                                               f"{epochs} epochs" if o.pretrained else "random"),
-                 "base": base_report(o.arch, epochs) if o.pretrained and not o.tiny else None})
+                 "base": base_report(o.arch, epochs, head=o.base_head) if o.pretrained and not o.tiny else None})
