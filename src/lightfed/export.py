@@ -150,9 +150,12 @@ def use_settings(cfg: C.RunConfig, task) -> dict:
 
 def export_fednl(model: nn.Module, method, cfg: C.RunConfig, to: Path, base_ref: bool, meta: dict) -> dict:
     """The base (or a reference to its local folder), theta in memory.safetensors, the memory's config."""
-    from lightfed.models import delta_memory
+    from lightfed.models import delta_memory, latent
+    if method.opts.latent_r:             # theta = theta_0 + map(z): baked into plain parameters, the layout loaders read
+        latent.bake_params(model)
+    else:
+        assert {n for n, _ in model.named_parameters() if ".memory." in n} == set(method.trainable(model))
     mem = {n: p.detach().contiguous() for n, p in model.named_parameters() if ".memory." in n}
-    assert set(mem) == set(method.trainable(model)), "theta is every memory branch's parameter"
     o = method.opts
     memory = {"layers": [b.layer for b in delta_memory.branches(model)], "r": o.r, "r_k": o.r_k, "chunk": o.chunk,
               "forget": o.forget > 0}

@@ -10,6 +10,8 @@ layer's o_proj; theta = its LoRA deltas on the frozen q/k/v projections, its bet
 forgetting gate's, with `forget`) and its per-head gate alpha (0 at start: round 0 is the pretrained model).
 theta is the only trainable and the only transmitted set: the schemas are built from the trainable parameters,
 and the memory state lives in a `delta_memory.Stream`, never a parameter or buffer, so no message can hold it.
+With `latent_r` > 0, theta = theta_0 + map(z) (models/latent.install_params: FLITE's seeded factors on every tensor
+of theta), and z is then all that trains and travels: the server's FedAvg of z is FedAvg of theta (the map is affine).
 
 Training backpropagates through the memory trajectory of each training sequence from S = 0; the
 trajectory is truncated at the sequence (a task's block or its chunked stream, see tasks.niah).
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from lightfed import seeds
 from lightfed.config import ConfigError
 from lightfed.methods import fedavg
-from lightfed.models import delta_memory, streaming
+from lightfed.models import delta_memory, latent, streaming
 
 
 @dataclass
@@ -36,6 +39,8 @@ class Options(fedavg.Options):
     gate_lr: float = 0.0     # the gate's own lr (0: the run's lr)
     beta_bias: float = 0.0   # the write step's bias at start: beta = sigmoid(beta_bias) for every token
     forget: float = 0.0      # the forgetting gate's rate at start: each token keeps 1 - forget of the memory (0: none)
+    latent_r: int = 0        # > 0: theta = theta_0 + FLITE's seeded map of a latent z (rank latent_r per tensor of
+                             # theta: r^2 latents a matrix, r a vector); z is all that trains and travels (0: theta)
 
     def check(self):
         super().check()
@@ -45,6 +50,9 @@ class Options(fedavg.Options):
             raise ConfigError(f"fednl: forget = {self.forget}: must be in [0, 1) (0: no forgetting gate)")
         if self.gate_lr < 0:
             raise ConfigError(f"fednl: gate_lr = {self.gate_lr}: must be >= 0 (0: the run's lr)")
+        if self.latent_r < 0 or (self.latent_r and self.gate_lr):
+            raise ConfigError(f"fednl: latent_r = {self.latent_r}, gate_lr = {self.gate_lr}: latent_r >= 0, and with "
+                              "latents the gate is a function of z (no lr of its own): leave gate_lr unset")
         if self.layers != "auto" and not all(x.strip().isdigit() for x in self.layers.split(",")):
             raise ConfigError(f"fednl: layers = {self.layers!r}: use 'auto' or comma-separated layer indices")
 
@@ -90,6 +98,10 @@ class FedNL(fedavg.FedAvg):
         self.layers = choose_layers(o.layers, o.n_layers, total)
         delta_memory.attach(model, self.layers, r=o.r, chunk=o.chunk, beta_bias=o.beta_bias, gate=o.gate, r_k=o.r_k,
                             forget=o.forget)
+        if o.latent_r:                 # theta = theta_0 + map(z): FLITE's factors from a seed, z = 0 at start
+            theta = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+            K = latent.install_params(model, list(theta), r=o.latent_r, seed=seeds.derive(self.cfg.seed, 0xF117E))
+            self.info = {"latent": K, "theta": sum(theta.values())}
         model.prefix_cache = streaming.PrefixCache()     # the frozen layers below the first memory layer, per chunk
         return super().prepare(model)
 
@@ -98,6 +110,8 @@ class FedNL(fedavg.FedAvg):
 
     def param_groups(self, model):
         ps = self.trainable(model)
+        if self.opts.latent_r:
+            return [{"params": list(ps.values()), "lr": self.cfg.lr}]
         gate = [p for n, p in ps.items() if n.endswith(".alpha")]
         return [{"params": [p for n, p in ps.items() if not n.endswith(".alpha")], "lr": self.lrs()["rules"]},
                 {"params": gate, "lr": self.lrs()["gate"]}]

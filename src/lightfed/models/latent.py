@@ -226,3 +226,61 @@ def info(model: nn.Module) -> dict:
     ls = latent_layers(model)
     return {"latent": int(model.z.numel()), "live": sum(m.live_dim() for _, m in ls), "layers": len(ls),
             "factor_bytes": factor_bytes(model), "factor_bytes_cache": factor_bytes(model, held=False)}
+
+
+# --- the same map on any set of parameters (FedNL's rules: theta = theta_0 + map(z)) ----------------------------------
+
+class ParamDelta(nn.Module):
+    """A parametrization (torch.nn.utils.parametrize) p = p_0 + dP(z[lo:hi]) of one parameter, p_0 frozen:
+      a matrix (rows, cols)   dP = A Z B^T   A: rows x r, B^T: r x cols, Z = z slice viewed (r, r)   k = r^2
+      a vector (n,)           dP = U z       U: n x r                                               k = r
+    Factors as make_factors draws them (the matrix form; a vector: its A with cols = 1): fan-in units, never sent.
+    The model's `z` is reached through a plain list, so the parametrization registers no second copy of it."""
+
+    def __init__(self, model: nn.Module, lo: int, shape: torch.Size, r: int, seed: int):
+        super().__init__()
+        self.z_of, self.lo, self.shape, self.r = [model], lo, tuple(shape), r
+        rows, cols = (shape[0], math.prod(shape[1:])) if len(shape) > 1 else (shape[0], 1)
+        A, Bt = make_factors(seed, rows, cols, r)
+        self.register_buffer("A", A, persistent=False)                              # (rows, r)
+        self.register_buffer("Bt", Bt if len(shape) > 1 else None, persistent=False)  # (r, cols)
+        self.hi = lo + (r * r if len(shape) > 1 else r)
+
+    def forward(self, p0):
+        z = self.z_of[0].z[self.lo:self.hi].to(self.A.dtype)
+        d = self.A @ z if self.Bt is None else self.A @ z.view(self.r, self.r) @ self.Bt     # (rows,) or (rows, cols)
+        return p0 + d.view(self.shape).to(p0.dtype)
+
+
+def install_params(model: nn.Module, names: list[str], *, r: int, seed: int) -> int:
+    """theta = theta_0 + map(z) for the named parameters of `model` (each its own factors, seeded by its place in
+    `names`); their current values become theta_0, frozen; `model.z` = zeros(K), the only trainable. -> K."""
+    from torch.nn.utils import parametrize
+    if hasattr(model, "z"):
+        raise ValueError("install_params: the model already has a latent `z`")
+    if r < 1 or not names:
+        raise ValueError(f"install_params: r = {r}, {len(names)} parameters: need r >= 1 and a parameter")
+    lo = 0
+    for i, name in enumerate(names):
+        owner, _, attr = name.rpartition(".")
+        m = model.get_submodule(owner)
+        p = getattr(m, attr)
+        delta = ParamDelta(model, lo, p.shape, r, layer_seed(seed, i)).to(p.device)
+        parametrize.register_parametrization(m, attr, delta, unsafe=True)
+        m.parametrizations[attr].original.requires_grad_(False)
+        lo = delta.hi
+    model.z = nn.Parameter(torch.zeros(lo, device=next(model.parameters()).device))
+    return lo
+
+
+def bake_params(model: nn.Module) -> None:
+    """Replace every ParamDelta by its current value (theta_0 + map(z)) as a plain parameter, and drop `z`: the
+    model then holds the trained theta in the layout it had before install_params."""
+    from torch.nn.utils import parametrize
+    for m in list(model.modules()):
+        if parametrize.is_parametrized(m):
+            for attr in list(m.parametrizations):
+                if any(isinstance(f, ParamDelta) for f in m.parametrizations[attr]):
+                    parametrize.remove_parametrizations(m, attr, leave_parametrized=True)
+    if hasattr(model, "z"):
+        del model.z
