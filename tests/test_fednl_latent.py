@@ -111,3 +111,20 @@ def test_a_latent_fednl_run_exports_theta_in_the_plain_layout_and_loads(tmp_path
 def test_gate_lr_is_refused_with_latents():
     with pytest.raises(C.ConfigError, match="gate_lr"):
         methods.options("fednl", {"latent_r": 2, "gate_lr": 1e-3})
+
+
+def test_under_bf16_the_rules_stay_fp32_as_plain_fednls_do():
+    """device.place with bf16 turns frozen weights to bfloat16, but not theta_0 under the map: theta is fp32 as the
+    plain method's trainable theta is, so a small step of z is not rounded away."""
+    from torch.nn.utils import parametrize
+    from lightfed import device
+    _, _, m, model = built(latent_r=2)
+    device.place(model, "cpu", "bf16")
+    where = [(mod, attr) for mod in model.modules() if parametrize.is_parametrized(mod) for attr in mod.parametrizations]
+    assert where and all(getattr(mod, attr).dtype == torch.float32 for mod, attr in where)
+    assert any(p.dtype == torch.bfloat16 for p in model.parameters())            # the backbone did go to bf16
+    mod, attr = where[0]
+    before = getattr(mod, attr).detach().clone()
+    with torch.no_grad():
+        model.z.add_(1e-4)
+    assert not torch.equal(getattr(mod, attr), before)

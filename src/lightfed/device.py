@@ -46,11 +46,12 @@ def resolve(device: str) -> torch.device:
 
 
 def place(model: torch.nn.Module, device: str, dtype: str) -> torch.nn.Module:
-    """Move the (prepared) model to its device; with bf16, its frozen weights to bfloat16 (trainable ones stay fp32)."""
+    """Move the (prepared) model to its device; with bf16, its frozen weights to bfloat16 (trainable ones stay fp32,
+    and so does the base of a parametrized tensor, e.g. FedNL's theta_0 under its latent map: what trains is its sum)."""
     model.to(resolve(device))
     if dtype == "bf16":
-        for p in model.parameters():
-            if not p.requires_grad and p.is_floating_point():
+        for n, p in model.named_parameters():
+            if not p.requires_grad and p.is_floating_point() and ".parametrizations." not in n:
                 p.data = p.data.to(torch.bfloat16)
     return model
 
