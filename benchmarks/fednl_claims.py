@@ -90,6 +90,8 @@ def part_bytes(size: dict) -> dict:
     from lightfed.wire import encode
     rows = []
     for label, method, opts in [("FedNL (theta, fp32)", "fednl", {}), ("FedNL (theta, bf16)", "fednl", {"codec": "bf16"}),
+                                ("FedNL in latents (latent_r 8, int4)", "fednl", {"latent_r": 8, "codec": "int4"}),
+                                ("FedNL in latents (latent_r 16, int4)", "fednl", {"latent_r": 16, "codec": "int4"}),
                                 ("FedAvg+LoRA (q,v r=8)", "lora", {}), ("FedAvg (all weights, fp32)", "fedavg", {})]:
         m, model = _model(method, opts)
         state = m.init_state(model)
