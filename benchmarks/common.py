@@ -106,12 +106,13 @@ def code() -> str:
 
 
 def commit() -> str:
-    """The git commit of the checkout (+ "+dirty" where src/ or benchmarks/ differ from it), or "" outside git."""
+    """The git commit of the checkout (+ "+dirty" where the code, src/ or the benchmarks' scripts, differs from it;
+    results being written do not count), or "" outside git."""
     import subprocess
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "src", "benchmarks"], capture_output=True, text=True,
-                               check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks/*.py"], capture_output=True,
+                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head[:12] + ("+dirty" if dirty else "")

@@ -36,6 +36,14 @@ def _json(name):
 TOL = {"main": 0.004, "foundation": 0.004, "flite_claims": 0.004, "flite_ablation": 0.004, "fedspzo_claims": 0.004,
        "robustness": 0.004, "zoflite_claims": 0.004}
 TOL_QUICK = 0.07            # the tiny twins' test sets are 32 examples: 0.07 is two of them
+# What is known of a cell that differs from its committed figure (printed under the table when it does).
+EXPLAINED = {
+    "flite_claims": "seed 0's committed curve (flite_claims.json) and a run now agree through round 9 and part from round "
+                    "10 on by 1-5 of 500 test tweets. The code of d130e75 (2026-12-02) gives the same curve as HEAD "
+                    "through round 11 and bitwise the same state after round 2, so the difference is older than that "
+                    "code and than this check's first pass (which compared finals only, 0.846 both): the committed run "
+                    "(2026-12-01, two runs side by side) has no folder left to say how it ran. Not explained.",
+}
 
 
 def cell_main():
@@ -169,6 +177,8 @@ def main(argv=None):
     L += [f"| {r['cell'].replace(' | ', ' / ').replace('|', '/')} | {r['want']} | "
           f"{r['got'] if not r.get('error') else r['error'][:80]} | {r['tolerance']} | {'yes' if r['same'] else '**no**'} |"
           for r in rows]
+    differ = sorted({r["cell"].split(":")[0] for r in rows if not r["same"]})
+    L += [""] + [f"- {n}: {EXPLAINED.get(n, 'not explained yet.')}" for n in differ] if differ and not a.quick else []
     if a.quick and a.record:
         (RESULTS / "reproduce_quick.json").write_text(json.dumps(
             {"meta": res["meta"], "want": {r["cell"]: r["got"] for r in rows}}, indent=1))
