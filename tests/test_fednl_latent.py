@@ -63,7 +63,7 @@ def test_averaging_latents_averages_the_rules():
 
 
 def test_a_toy_latent_learns_what_theta_learns_and_more_latents_fit_closer():
-    """A teacher: plain FedNL with its rules moved at random. Students fit its hidden states on the same streams, 40
+    """A teacher: plain FedNL with its rules moved at random. Students fit its hidden states on the same streams, 25
     Adam steps: theta itself, and z at rank 4 and 8 (240 and 928 latents for theta's 2,700 floats on this twin). Every student's
     error falls; z's by less than theta's and by more with more latents (the map's span is what limits it)."""
     T, _, tm, teacher = built()
@@ -80,14 +80,14 @@ def test_a_toy_latent_learns_what_theta_learns_and_more_latents_fit_closer():
         _, _, m, model = built(**opts)
         opt = torch.optim.Adam(list(m.trainable(model).values()), lr=3e-2)
         losses = []
-        for _ in range(40):
+        for _ in range(25):
             loss = (streaming.hidden(model, ids, W) - target).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
         fit[name] = min(losses[-5:]) / losses[0]
-    assert fit["theta"] < 0.3 and fit["z r8"] < 0.5 and fit["theta"] < fit["z r8"] < fit["z r4"] < 0.8, fit
+    assert fit["theta"] < 0.4 and fit["z r8"] < 0.55 and fit["theta"] < fit["z r8"] < fit["z r4"] < 0.8, fit
 
 
 def test_a_latent_fednl_run_exports_theta_in_the_plain_layout_and_loads(tmp_path):
