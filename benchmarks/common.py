@@ -202,12 +202,17 @@ def finished(label: str, c: dict) -> dict | None:
     return {**s, "label": label}
 
 
+def placed(grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The grid as it runs: --device / --dtype applied, each config in its store folder unless it names an "out"."""
+    grid = [(label, {**c, **PLACE}) for label, c in grid]
+    return [(label, c if "out" in c else {**c, "out": store_folder(c)}) for label, c in grid]
+
+
 def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False, runner=None,
                  fresh_process: bool = False) -> list[dict]:
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
     as not run. runner / fresh_process: as run_grid's."""
-    grid = [(label, {**c, **PLACE}) for label, c in grid]
-    grid = [(label, c if "out" in c else {**c, "out": store_folder(c)}) for label, c in grid]
+    grid = placed(grid)
     done = {label: finished(label, c) for label, c in grid}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:

@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 from common import meta, ms, reuse_or_run, verdict, write  # noqa: E402
 
-RUNS = Path("runs/flite_vision")
 TASK = {"arch": "resnet18", "train_size": 6000, "test_size": 2000}
 # every row decays its lr over the rounds (cosine): the model scored is the last round's, which then moves little
 # (FedNL's passkey seed 2 went from 0.44 to 0.93 with it; a constant lr let FLITE peak at round 5 and drift)
@@ -53,6 +52,11 @@ ROWS = [
     ("flite_head", "FLITE, trained head (fp32 latents and head)", "flite", {**PAPER, "head": "trainable", "codec": "fp32"}, {},
      ["iid"], "claim"),
     ("flite_scratch", "FLITE from scratch (random ResNet-18)", "flite", PAPER, {"pretrained": False}, ["iid"], "claim"),
+    # issue 47's question: does the frozen orthogonal head's geometry serve FLITE when the base grew in it? The base is
+    # pretrained under that head (`lightfed pretrain fmnist --head orthogonal`: its rows for classes 0-4), and FLITE
+    # keeps it frozen (head = keep: all 10 rows now), its lr chosen on validation images like every row's
+    ("flite_obase", "FLITE (1,280 int4 latents) on a base pretrained under the frozen orthogonal head", "flite",
+     {**PAPER, "head": "keep"}, {"base_head": "orthogonal"}, ["iid"], "claim"),
     ("fedavg", "FedAvg fp32", "fedavg", {}, {}, ["iid", "dirichlet:0.1"], "claim"),
     ("fedavg_int4", "FedAvg int4", "fedavg", {"codec": "int4"}, {}, ["iid"], "claim"),
     ("lora", "FedAvg+LoRA (conv, r=8)", "lora", {}, {}, ["iid"], "claim"),
@@ -61,7 +65,8 @@ ROWS = [
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
-LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "fedavg": "fedavg",
+LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
+         "fedavg": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
 PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a latent and weights want steps far apart
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
@@ -79,7 +84,7 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # (1e-4 scored 32 of 300 images under 3e-4), the head row at z 0.1..1 and head lr 3e-4..3e-3 around (0.3, 1e-3);
 # head lr 3e-4 came out on top (7 images over 1e-3), so 1e-4 was added (0.657: bracketed), and z 0.1 beside it
 # (at head lr 1e-3, z 0.1 had beaten 0.3 by 4 images).
-SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
+SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase": [0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
@@ -119,10 +124,9 @@ def calibration_grid(quick: bool, kinds=SWEEP) -> list[tuple[str, dict]]:
         _, _, m, mo, to, _, _ = next(r for r in ROWS if r[0] == kind)
         for lr in SWEEP[kind]:
             c = set_lr({**BASE, **CALIB, "method": m, "method_options": mo, "seed": 0, "partition": "iid",
-                        "out": str(RUNS / f"calibrate{CALIB['rounds']}-{kind}-lr{lr_name(lr).replace(' head_lr ', '-head')}")},
-                       kind, lr)
+                        "task_options": {**CALIB["task_options"], **to}}, kind, lr)
             if quick:
-                c = {**c, **QUICK, "task_options": {**CALIB["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
+                c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
             g.append((f"{kind} lr {lr_name(lr)}", c))
     return g
 
@@ -136,17 +140,19 @@ def chosen_lrs(quick: bool) -> dict[str, float]:
     return json.loads(p.read_text())["chosen"]
 
 
-def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None) -> list[tuple[str, dict]]:
+def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None, parts: set | None = None) -> list[tuple[str, dict]]:
+    """The grid's runs (every config without "out": each lives in the run store, named by its config)."""
     g = []
-    for key, label, m, mo, to, parts, role in ROWS:
+    for key, label, m, mo, to, row_parts, role in ROWS:
         if keys and key not in keys:
             continue
-        for part in parts:
+        for part in row_parts:
+            if parts and part not in parts:
+                continue
             for s in (seeds if role == "claim" else seeds[:1]):
-                c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part,
-                     "seed": s, "out": str(RUNS / f"{key}-{part.replace(':', '')}-s{s}")}
+                c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part, "seed": s}
                 if quick:
-                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}, "out": c["out"] + "-quick"}
+                    c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
                 c = set_lr(c, key, lrs[LR_OF[key]]) if LR_OF[key] else {**c, **ONCE}
                 g.append((f"{key}|{part}|s{s}", c))
     return g
@@ -219,7 +225,7 @@ def int4_roundtrip(c: dict) -> dict | None:
 
 def empty_row(key: str, part: str, errors=()) -> dict:
     return {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [], "errors": list(errors),
-            "curves": [], "weight_moves": []}
+            "curves": [], "weight_moves": [], "provenance": []}
 
 
 def summarize(g, sums) -> dict:
@@ -233,6 +239,7 @@ def summarize(g, sums) -> dict:
         r["finals"].append(s["final"])
         r["initials"].append(s["initial"])
         r["seeds"].append(c["seed"])
+        r["provenance"].append(common.provenance(s))          # who made this seed, and is it the code at hand
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
         r["weight_moves"].append(weight_moves(c))
         if key == "fedavg_int4":
@@ -243,40 +250,6 @@ def summarize(g, sums) -> dict:
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])
     return rows
-
-
-PER_SEED = ("finals", "initials", "curves", "weight_moves", "int4_internals", "int4_roundtrip")
-
-
-def carry(rows: dict, g, sums, old: dict) -> dict:
-    """Fill the seeds whose runs are not on disk from the previous results `old` (same row, seed, lr and setting):
-    a machine may lose its run folders between sessions, the committed results keep what they measured.
-    Returns {label: the code that made the carried run}."""
-    if old.get("config", {}).get("base") != BASE or old.get("config", {}).get("task") != TASK:
-        return {}
-    done = {}
-    for (label, c), s in zip(g, sums):
-        key, part, _ = label.split("|")
-        o, r = old.get("rows", {}).get(f"{key}|{part}"), rows[f"{key}|{part}"]
-        if not str(s.get("error", "")).startswith("not run") or not o or c["seed"] not in o["seeds"] \
-                or o.get("lr") != run_lr(c):
-            continue
-        i = o["seeds"].index(c["seed"])
-        for f in PER_SEED:
-            if f in o:
-                r.setdefault(f, []).append(o[f][i])
-        r["seeds"].append(c["seed"])
-        r["errors"].remove(next(e for e in r["errors"] if e.startswith("not run")))     # this seed's
-        for f in ("up", "down", "lr", "trainable", "test_images", "method_info", "wall_s"):
-            r.setdefault(f, o.get(f))
-        m = old["meta"]
-        done[label] = (m.get("carried") or {}).get(label) or (m.get("stale_runs_reused") or {}).get(label) or m["code"]
-    for r in rows.values():                     # seeds in order, whichever way each came
-        order = sorted(range(len(r["seeds"])), key=lambda j: r["seeds"][j])
-        for f in ("seeds",) + PER_SEED:
-            if f in r:
-                r[f] = [r[f][j] for j in order]
-    return done
 
 
 def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
@@ -350,6 +323,14 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                 out.append((f"int4 FedAvg's accuracy per class 0-9, seed {s}",
                             f"round 0: {pc(x['per_class']['round 0'])}; final: {pc(x['per_class']['final'])}; "
                             f"{100 * x['codes_changed']:.1f}% of the body's int4 codes moved"))
+    ob = f("flite_obase")
+    if ob and fl:
+        out.append(("the frozen orthogonal head's geometry serves FLITE when the base grew in it: FLITE's paper form on "
+                    "the base pretrained under that head above today's base", verdict(ob, fl, False)
+                    + f" (head-pretrained - today's = {gap('flite_obase', 'flite')})"))
+    if ob and fa:
+        out.append(("FLITE on the head-pretrained base within 1 pp of FedAvg fp32 (IID)", within(ob, fa, 0.01)
+                    + f" (means {np.mean(ob):.4f} vs {np.mean(fa):.4f})"))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
@@ -375,16 +356,15 @@ def render(res: dict) -> str:
     c = res["config"]
     L = [f"# FLITE at paper scale in vision (GN ResNet-18, {res['base'].get('params', 0):,} weights)\n",
          f"Command: `{res['meta']['command']}`  \nDate {res['meta']['date']}, code {res['meta']['code']}; "
-         f"{c['runs']} runs ({c['reused']} reused" + (f", {c['carried']} carried from the previous results: their folders "
-         f"were not on disk" if c.get("carried") else "") + f"), {res['wall_s'] / 3600:.1f} h. Setting: {json.dumps(c['base'])}; "
+         f"{c['runs']} runs ({c['reused']} reused from the run store), {res['wall_s'] / 3600:.1f} h. Setting: {json.dumps(c['base'])}; "
          f"task {json.dumps(c['task'])}; lrs chosen on validation images: {json.dumps(c['lrs'])}.\n",
          f"Base: lightfed's own ResNet-18 pretrained on classes 0-4 of training images 0-29,999: held-out accuracy "
          f"{res['base'].get('heldout_accuracy')} on {res['base'].get('heldout_images')} images after {res['base'].get('epochs')} "
          f"epochs ({res['base'].get('seconds', 0) / 60:.0f} min, {res['base'].get('torch_threads')} thread); backbone "
          f"{res['backbone_fp32_bytes']:,} B fp32 without its head."
-         + (f" The carried runs' base: {res['base']['carried_runs_base']}." if isinstance(res["base"].get("carried_runs_base"), str)
-            else f" The carried runs used another base: {json.dumps(res['base']['carried_runs_base'])}." if res["base"].get("carried_runs_base")
-            else "") + "\n",
+         + (f" The base pretrained under the frozen orthogonal head (rows 0-4): held-out accuracy {ob.get('heldout_accuracy')} "
+            f"after {ob.get('epochs')} epochs ({ob.get('seconds', 0) / 60:.0f} min)." if (ob := res.get("base_orthogonal")) else "")
+         + "\n",
          "| row | partition | accuracy (mean ± sd over seeds) | round 0 | seeds | up B / client / round | x fewer than FedAvg | lr |",
          "|---|---|---|---|---|---|---|---|"]
     label = {k: lab for k, lab, *_ in ROWS}
@@ -395,7 +375,7 @@ def render(res: dict) -> str:
             L.append(f"| {label[r['key']]} | {r['partition']} | {common.why(e)} | | | | | |")
             continue
         m, sd, n = ms(r["finals"])
-        L.append(f"| {label[r['key']]} | {r['partition']} | {m:.4f} ± {sd:.4f} | {np.mean(r['initials']):.4f} | "
+        L.append(f"| {label[r['key']]} | {r['partition']} | {common.marked(f'{m:.4f} ± {sd:.4f}', r['provenance'])} | {np.mean(r['initials']):.4f} | "
                  f"{', '.join(map(str, r['seeds']))} | "
                  f"{r['up']:,.0f} | {x_fewer(fa, r['up'])} | {'-' if r['lr'] is None else lr_name(r['lr'])} |")
     moves = [(label[r["key"]], r["partition"], r["seeds"], r["weight_moves"]) for r in res["rows"].values()
@@ -407,6 +387,13 @@ def render(res: dict) -> str:
               "| row | partition | per seed: min / median / max |", "|---|---|---|"]
         L += [f"| {lab} | {part} | " + "; ".join(f"s{sd}: {w['min']:.2f} / {w['median']:.2f} / {w['max']:.2f}"
                                                   for sd, w in zip(seeds, ws) if w) + " |" for lab, part, seeds, ws in moves]
+    if any(not r["finals"] for r in res["rows"].values()):
+        L += ["", "A row not run here was last measured by older code, before the run store: "
+              "`git show 63bcdd6:benchmarks/results/flite_vision.md` (21 of its 37 runs carried from still older results)."]
+    older = sorted({(p["code"], p["commit"], p["date"]) for r in res["rows"].values() for p in r["provenance"] if not p["at_hand"]})
+    if older:
+        L += ["", "† a seed of the row was made by code other than this file's (the functions its run executed have changed "
+              "since): " + "; ".join(f"code {c} (commit {m or '?'}, {d or '?'})" for c, m, d in older) + "."]
     L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
     n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
     L += ["", f"Test images: {n} (one image = {100 / n:.2f} pp). Plots: "
@@ -447,7 +434,7 @@ def calibrate(a) -> None:
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
     if kinds - set(SWEEP):
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
-    g = calibration_grid(a.quick, [k for k in SWEEP if k in kinds])
+    g = common.placed(calibration_grid(a.quick, [k for k in SWEEP if k in kinds]))
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
     res = [{"label": label, "lr": run_lr(c), "validation_accuracy": s.get("final"), "initial": s.get("initial"),
@@ -495,8 +482,7 @@ def main(argv=None):
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--kinds", default="", help="--calibrate: comma-separated kinds of SWEEP (default: all)")
     ap.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
-    ap.add_argument("--carry", action="store_true", help="seeds whose runs are not on disk keep their values from the "
-                    "committed results (named in the results' meta: carried)")
+    ap.add_argument("--partitions", default="", help="comma-separated partitions (default: each row's)")
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
@@ -510,7 +496,7 @@ def main(argv=None):
     if uncal and not a.from_runs:
         kinds = ",".join(sorted({LR_OF[k] for k in uncal}))
         raise SystemExit(f"no calibrated lr for {sorted(uncal)}: run --calibrate --kinds {kinds}")
-    g = grid(seeds, a.quick, lrs, keys - uncal)
+    g = common.placed(grid(seeds, a.quick, lrs, keys - uncal, set(a.partitions.split(",")) if a.partitions else None))
     t0 = time.time()
     reused = sum(common.finished(label, c) is not None for label, c in g)
     # run the first seed's IID runs first, so a grid stopped early holds the comparisons that matter most
@@ -519,26 +505,19 @@ def main(argv=None):
     for i, s in zip(order, reuse_or_run([g[i] for i in order], a.workers, a.from_runs)):
         sums[i] = s
     rows = summarize(g, sums)
-    p = common.RESULTS / f"flite_vision{'_quick' if a.quick else ''}.json"
-    carried = carry(rows, g, sums, json.loads(p.read_text())) if a.carry and p.exists() else {}
     for key, _, _, _, _, parts, _ in ROWS:
         for part in parts if key in uncal else []:
             rows[f"{key}|{part}"] = empty_row(key, part, ["not run: its lr is not calibrated yet"])
     rows = {f"{k}|{p}": rows[f"{k}|{p}"] for k, *_, parts, _ in ROWS for p in parts if f"{k}|{p}" in rows}   # ROWS' order
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
-    if carried:                     # the carried runs' base, as their results recorded it: the same bits, or say not
-        was = json.loads(p.read_text())["base"]
-        same = all(base.get(k) == was.get(k) for k in ("train_loss_last_epoch", "heldout_accuracy", "steps"))
-        base = {**(base or was), "carried_runs_base": "not on disk; this is its record" if not base
-                else "the same (equal last-epoch loss and held-out accuracy)" if same else was}
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
     bb = sum(p.numel() * 4 for n, p in vision.GNResNet18(10).named_parameters() if not n.startswith("head."))
     res = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                        **({"carried": carried} if carried else {})),
+),
            "config": {"base": BASE, "task": TASK, "seeds": seeds, "lrs": lrs, "runs": len(g), "reused": reused,
-                      "carried": len(carried),
                       "rows": [r[:6] for r in ROWS]},
-           "base": base, "backbone_fp32_bytes": bb, "rows": rows, "claims": claims(rows, bb), "wall_s": time.time() - t0}
+           "base": base, "base_orthogonal": (fmnist.base_report("resnet18", head="orthogonal") or {}) if not a.quick else {},
+           "backbone_fp32_bytes": bb, "rows": rows, "claims": claims(rows, bb), "wall_s": time.time() - t0}
     name = "flite_vision" + ("_quick" if a.quick else "")
     print(write(name, res, render(res)))
     plot(res, name)

@@ -82,7 +82,7 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from lightfed import config as C
     from lightfed.engine import local
     from flite_vision import LR_OF, ONCE, PAIRED, ROWS, SWEEP, calibration_grid, grid
-    lrs = {"flite": 0.1, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3]}
+    lrs = {"flite": 0.1, "flite_obase": 1.0, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3]}
     g = grid([0, 1, 2], quick, lrs)
     cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
@@ -96,7 +96,9 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
         else:
             assert c["lr"] == want if want else {k: c[k] for k in ONCE} == ONCE
             assert "head_lr" not in c["method_options"]
-    assert len(cal) == sum(map(len, SWEEP.values())) == len({c["out"] for _, c in cal})
+    import common
+    assert len(cal) == sum(map(len, SWEEP.values())) == len({common.store_folder(c) for _, c in cal})
+    assert len(g) == len({common.store_folder(c) for _, c in g})      # every run its own folder in the store
     heads = [(c["lr"], c["method_options"]["head_lr"]) for label, c in cal if label.startswith("flite_head ")]
     assert heads == list(SWEEP["flite_head"])
 
@@ -264,31 +266,6 @@ def test_flite_vision_rounds_the_fp32_runs_final_z_to_int4_as_the_wire_does(tmp_
     lines = dict(claims(rows, 10 ** 6))
     got = lines["the fp32-latent run's final z through one int4 round trip, seed 0"]
     assert got.startswith(f"{s['final']:.4f} -> {x['accuracy']['int4']:.4f}") and np.isfinite(x["accuracy"]["int4"])
-
-
-def test_flite_vision_carries_seeds_whose_runs_left_the_disk_from_the_previous_results():
-    """A seed not on disk keeps its committed values (same row, seed and lr), in seed order beside the seeds that
-    ran; a seed recorded under another lr, or an unknown one, stays not run; the carried run's code is named."""
-    from flite_vision import BASE, TASK, carry, empty_row
-    g = [(f"fedavg|iid|s{s}", {"seed": s, "lr": 1e-4, "method_options": {}}) for s in (0, 1, 2)] + \
-        [("topk|iid|s0", {"seed": 0, "lr": 3e-4, "method_options": {}})]
-    missing = {"error": "not run: the grid was stopped before it"}
-    sums = [missing, {"final": 0.9}, missing, missing]
-    rows = {"fedavg|iid": {**empty_row("fedavg", "iid", [missing["error"]] * 2), "finals": [0.9], "initials": [0.1],
-                           "seeds": [1], "curves": [[[0, 0.1]]], "weight_moves": [None], "up": 10.0, "lr": 1e-4},
-            "topk|iid": empty_row("topk", "iid", [missing["error"]])}
-    old = {"config": {"base": BASE, "task": TASK}, "meta": {"code": "new", "stale_runs_reused": {"fedavg|iid|s2": "old"}},
-           "rows": {"fedavg|iid": {"seeds": [2, 0], "finals": [0.7, 0.8], "initials": [0.2, 0.3], "curves": [[], []],
-                                   "weight_moves": [None, None], "lr": 1e-4, "up": 99.0},
-                    "topk|iid": {"seeds": [0], "finals": [0.5], "initials": [0.1], "curves": [[]], "weight_moves": [None],
-                                 "lr": 1e-4}}}
-    done = carry(rows, g, sums, old)
-    assert done == {"fedavg|iid|s0": "new", "fedavg|iid|s2": "old"}
-    r = rows["fedavg|iid"]
-    assert r["seeds"] == [0, 1, 2] and r["finals"] == [0.8, 0.9, 0.7] and r["initials"] == [0.3, 0.1, 0.2]
-    assert r["errors"] == [] and r["up"] == 10.0            # the run on disk speaks for the row
-    assert rows["topk|iid"]["finals"] == [] and rows["topk|iid"]["errors"] == [missing["error"]]   # another lr
-    assert carry(rows, g, sums, {**old, "config": {"base": {**BASE, "rounds": 1}, "task": TASK}}) == {}   # another setting
 
 
 def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_an_outgrown_grid():
