@@ -295,3 +295,31 @@ def verdict(a: list[float], b: list[float], a_lower: bool) -> str:
     if (lo_a > hi_b) if a_lower else (hi_a < lo_b):
         return "missed"
     return "inconclusive (the seeds' ranges overlap)"
+
+
+def pm(xs, nd: int = 3) -> str:
+    """A table cell "mean ± sample sd" over the values that are not None, or "-" where there are none."""
+    import numpy as np
+    xs = [x for x in xs if x is not None]
+    return f"{np.mean(xs):.{nd}f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.{nd}f}" if xs else "-"
+
+
+def records(out) -> list[dict]:
+    """A run's <out>/metrics.jsonl, one record a line (round 0 first)."""
+    return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (the scripts write files, never windows)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, path, dpi: int = 120) -> None:
+    """Lay a figure out, write it and close it."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

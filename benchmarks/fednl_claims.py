@@ -21,9 +21,6 @@ Parts:
           the question's chunk, {row: {chunks: [per seed]}}, on the grid's 20-stream cells; `retrieval_judged`: the same
           on the targets' own test set, 500 streams a length at 4 and 16 chunks, for the FedNL row the targets name, its
           memory-reset twin and the backbone).
-          They replace the first NIAH grid (512-token window, needles at depths 0 and 1 only, 8 steps a client), in
-          which every method scored the same 0.259: it could not show a memory at work (issue 21), and its part was
-          retired.
 Every accuracy figure is the mean and spread over the seeds given (3 for a claim).
 """
 from __future__ import annotations
@@ -66,11 +63,9 @@ SIZES = {   # what each part runs; "cpu" fits 2 cores in about an hour, "gpu" is
 }
 RECIPE = {"layers": "auto", "n_layers": 5, "gate": 0.0}   # FedNL's options in the passkey grid: its defaults, which
                                                           # the recipe part found to work (see the recipe table)
-# (label, method, options) of the ce and trivia grids: FedNL, the baselines as their papers set them (the passkey grid's:
-# fednl_retrieval.BASELINES) and local-only, on the same backbone, every one at the run's lr 1e-3 (base_run; LoRA: 1e-3
-# beat 1e-2 in a 24-step probe on Austen, held-out CE 3.77 -> 3.55 vs 3.56); LoRA-based ones adapt q_proj, v_proj, r = 8.
-# Trivia also runs FedNL at its own lr (ROW_RUN; lr 0: the method's recommendation, 1e-2, which beat 3e-3 in its own
-# 24-step probe on Austen's training data): 1e-3 was chosen for LoRA, and FedNL's gate starts at 0.
+# (label, method, options) of the ce and trivia grids: FedNL, fednl_retrieval.BASELINES and local-only, every one at the
+# run's lr 1e-3 (LoRA's best in a 24-step probe on Austen; LoRA adapts q_proj, v_proj, r = 8); "FedNL, its own lr" runs
+# the method's recommendation (ROW_RUN, lr 0: 1e-2, which beat 3e-3 in its own probe).
 METHODS = ([("FedNL", "fednl", {}), ("FedNL, its own lr", "fednl", {})]
            + [(label, method, opts) for label, method, opts, _ in R.BASELINES] + [("local-only", "local_only", {})])
 ROW_RUN = {"FedNL, its own lr": {"lr": 0.0}}      # run settings of a row that differ from the grid's
@@ -108,14 +103,10 @@ def part_bytes(size: dict) -> dict:
 # --- memory: one (mode, length) per process -------------------------------------------------------
 def memory_point(mode: str, length: int) -> dict:
     import torch
-    from lightfed.data import datasets, niah
     from lightfed.measure import PeakRSS
     from lightfed.models import backbones, streaming
     torch.set_num_threads(2)
-    tok = backbones.smollm2_tokenizer()
-    tok.model_max_length = 10**9
-    text = niah.haystack_split(datasets.load_austen(), "eval")
-    ids = torch.tensor([tok(text[: length * 8], add_special_tokens=False)["input_ids"][:length]])
+    ids = R.heldout_austen_ids(length)
     if mode == "fednl":
         _, model = _model("fednl", {})
     else:
@@ -445,9 +436,7 @@ def plot(res: dict, name: str) -> None:
         R.plot_retrieval(res["passkey"], RESULTS / f"{name}_retrieval.png")
     if "templates" in res:
         R.plot_templates(res["templates"], RESULTS / f"{name}_templates.png")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     panels = [p for p in ("memory", "ce") if p in res]
     if not panels:
         return
@@ -474,8 +463,7 @@ def plot(res: dict, name: str) -> None:
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)     # below: the curves fill the axes
             continue
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    common.save(fig, RESULTS / f"{name}.png", 110)
 
 
 def main():

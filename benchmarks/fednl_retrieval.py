@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import reuse_or_run, source_of, verdict, why, wilson  # noqa: E402
+from common import pm, pyplot, records, reuse_or_run, save, source_of, verdict, why, wilson  # noqa: E402
 from lightfed.data.passkey import needle_alone, needle_moved  # noqa: E402  (WHY's stream edits)
 
 RUNS = Path("runs/fednl_retrieval")
@@ -83,13 +83,9 @@ BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora
              ("FedALA (p = every layer)", "fedala", {"top": 0}, "fedala"), ("FedSSI", "fedssi", {}, "fedssi")]
 INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
-# FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls): the grid's FedNL decays
-# its lr over the rounds (cosine); the first grid's constant lr is kept beside it (seed 2's global model swung from round to
-# round there: fednl_local_vs_global.md); "stream LM loss" adds the haystack's own next-token NLL to the answer's (lm_weight
-# 1: the two means summed), for the CE target; "forgetting gate" adds Gated DeltaNet's a_t, started at 1 - 1e-3 (a write
-# fades to e^-1 after ~1,000 tokens: 16 chunks, the length the retrieval target asks 0.5 at; a guess from that horizon, not
-# tuned), against the carried memory's CE drift along 16K tokens. controls: the row's model evaluated with its memory reset
-# per chunk, and its CE curves.
+# FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls: the model evaluated
+# with its memory reset per chunk, and its CE curves). "stream LM loss" adds the haystack's next-token NLL (lm_weight 1);
+# "forgetting gate" starts Gated DeltaNet's a_t at 1 - 1e-3 (a write fades to e^-1 in ~16 chunks; untuned).
 FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, {}, True), ("FedNL, constant lr", "none", "fednl", {}, {}, False),
               ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, {}, True),
               ("FedNL, stream LM loss, forgetting gate", "cosine", "fednl-lm-forget", {"lm_weight": 1.0}, {"forget": 1e-3}, True)]
@@ -163,7 +159,7 @@ def part_recipe(size_name: str, workers: int, labels: set[str] | None = None, pr
         if "error" in s:
             rows.append({"label": label, "error": s["error"]})
             continue
-        recs = [json.loads(x) for x in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()]
+        recs = records(s["out"])
         steps = sum(cl["steps"] for r in recs[1:] for cl in r["clients"])
         cells = s["cells"]["passkey"]
         out_q = [v for k, v in cells.items() if not k.endswith("/1")]
@@ -291,7 +287,7 @@ def final_model(summary: dict, dtype: str = "bf16"):
 
 def internals(summary: dict, slug: str) -> dict[str, float]:
     """A baseline's own mechanism at work: the mean over clients and rounds of its stats (INTERNALS)."""
-    recs = [json.loads(x) for x in (Path(summary["out"]) / "metrics.jsonl").read_text().splitlines()]
+    recs = records(summary["out"])
     out = {}
     for k in INTERNALS.get(slug, ()):
         xs = [cl[k] for r in recs for cl in r.get("clients", []) if k in cl]
@@ -443,11 +439,6 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
 
 
 # --- report -------------------------------------------------------------------------------------
-def _ms(xs):
-    xs = [x for x in xs if x is not None]
-    return f"{np.mean(xs):.3f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.3f}" if xs else "-"
-
-
 def markdown_recipe(r: dict) -> list[str]:
     L = ["## FedNL's recipe, measured (centralised, validation streams)\n",
          f"One client, {r['setting']['rounds']} rounds x {r['setting']['local_steps']} steps of 8 streams of "
@@ -469,8 +460,6 @@ def markdown_recipe(r: dict) -> list[str]:
         L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | [{lo:.2f}, {hi:.2f}] | {cells} | {row['s_per_step']:.2f} |")
     L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):", "",
           "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
-    if r.get("costs_note"):
-        L += ["", f"(Step costs {r['costs_note']}.)"]
     return L + [""]
 
 
@@ -553,8 +542,8 @@ def markdown_retrieval(r: dict) -> list[str]:
             continue
         per = [by_length(c) for c in row["cells"]]
         inq = [np.mean([v for k, v in c.items() if k.endswith("/1")]) for c in row["cells"]]
-        L.append(f"| {name} | " + " | ".join(_ms([p.get(L_) for p in per]) for L_ in lens)
-                 + f" | {_ms(inq)} | {', '.join(map(str, row['seeds']))} |")
+        L.append(f"| {name} | " + " | ".join(pm([p.get(L_) for p in per]) for L_ in lens)
+                 + f" | {pm(inq)} | {', '.join(map(str, row['seeds']))} |")
     base = [(n, row) for n, row in r["rows"].items() if row.get("internals") or row.get("distance_from_fedavg_lora")]
     if base:
         L += ["", "The baselines' own mechanisms (mean over clients, rounds and seeds): FedProx's and FedSSI's penalty share "
@@ -566,7 +555,7 @@ def markdown_retrieval(r: dict) -> list[str]:
             ks = sorted({k for d in row.get("internals", []) for k in d})
             ins = ", ".join(f"{k} {np.mean([d[k] for d in row['internals'] if d.get(k) is not None]):.3g}" for k in ks
                             if any(d.get(k) is not None for d in row["internals"])) or "-"
-            dist = _ms(row.get("distance_from_fedavg_lora", []))
+            dist = pm(row.get("distance_from_fedavg_lora", []))
             ref = r["rows"].get("FedAvg+LoRA, " + n.rsplit(", ", 1)[1]) if ", " in n else None
             same = ("yes (coincides)" if ref and ref["cells"] and ref["cells"] == row["cells"] else "no") if ref else "-"
             L.append(f"| {n} | {ins} | {dist} | {same} |")
@@ -641,9 +630,7 @@ def markdown_retrieval(r: dict) -> list[str]:
 
 def plot_retrieval(r: dict, path) -> None:
     """Depth x length heat maps per row (mean over seeds) and exact match against inference memory."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = {k: v for k, v in r["rows"].items() if v["cells"]}
     lens = sorted({int(k.split("/")[0]) for v in rows.values() for c in v["cells"] for k in c})
     deps = sorted({float(k.split("/")[1]) for v in rows.values() for c in v["cells"] for k in c})
@@ -702,18 +689,14 @@ def plot_retrieval(r: dict, path) -> None:
         ax.set(xlabel="position in the stream (tokens)", ylabel="next-token CE (per bucket)")
         ax.set_title(f"CE along {ce['tokens']:,} tokens, {ce['window']}-token chunks", fontsize=7)
         legend(ax, "CE along the stream")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)
 
 
 # --- templates: the pass key and six RULER templates, a client each; an unseen template ---------------------------
 TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: up to 116 tokens)
-# depths: all outside the question's chunk (0.9: the chunk before it at 4 and 8 chunks). The question's own chunk
-# (depth 1) cannot hold multiquery's question and answer (up to 116 tokens) beside its needle (up to 24) on every
-# draw, nor single_3's (uuids), so the task refuses depth 1 for them; the passkey part reports that chunk for the pass
-# key. Lengths 4 and 8 chunks (512, 1,024 tokens): an evaluation of the seven templates then takes 6-12 min on a busy
-# core (16 chunks would double it), and a run evaluates twice.
+# depths: all outside the question's chunk (0.9: the chunk before it), which cannot hold multiquery's question and answer
+# beside its needle (the task refuses depth 1 for it and single_3). Lengths 4 and 8 chunks: an evaluation of the seven
+# templates takes 6-12 min on a busy core (16 chunks would double it), and a run evaluates twice.
 TEMPLATES_TASK = {"templates": "all", "unit": TUNIT, "window": TUNIT, "train_chunks": 4, "train_size": 64,
                   "lengths": "4,8", "depths": "0,0.5,0.9", "test_per_cell": 20}
 TEMPLATES_SIZES = {
@@ -820,7 +803,7 @@ def _templates_table(r: dict, ts: list[str], by: str, cells: str) -> list[str]:
             continue
         bt = r[by][name]
         mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row[cells]))]
-        L.append(f"| {name} | " + " | ".join(_ms(bt.get(t, [])) for t in ts) + f" | {_ms(mean)} | "
+        L.append(f"| {name} | " + " | ".join(pm(bt.get(t, [])) for t in ts) + f" | {pm(mean)} | "
                  f"{', '.join(map(str, row['seeds']))} |")
     return L
 
@@ -846,13 +829,13 @@ def markdown_templates(r: dict) -> list[str]:
     if un in bt and r["unseen"] in bt[un]:
         seen = [float(np.mean([bt[un][t][i] for t in ts if t != r["unseen"]])) for i in range(len(bt[un][r["unseen"]]))]
         L += ["", f"The unseen template beside the seen ones (the run that never trains {r['unseen']}): "
-              f"{_ms(bt[un][r['unseen']])} on it vs {_ms(seen)} over the six it trained on."]
+              f"{pm(bt[un][r['unseen']])} on it vs {pm(seen)} over the six it trained on."]
     if "FedNL" in bt and "FedALA (p = every layer), full attention" in bt:
         a = [float(np.mean([bt["FedNL"][t][i] for t in ts])) for i in range(len(bt["FedNL"][ts[0]]))]
         b = [float(np.mean([bt["FedALA (p = every layer), full attention"][t][i] for t in ts]))
              for i in range(len(bt["FedALA (p = every layer), full attention"][ts[0]]))]
         L += ["", f"FedNL's mean over templates (attention local to {TUNIT}-token chunks, memory carried) against FedALA's "
-              f"(full attention over the whole stream, its KV cache growing with it): {_ms(a)} vs {_ms(b)}; "
+              f"(full attention over the whole stream, its KV cache growing with it): {pm(a)} vs {pm(b)}; "
               f"FedNL above FedALA: {verdict(a, b, False) if min(len(a), len(b)) >= 3 else 'inconclusive (fewer than 3 seeds)'}."]
         steps = s["rounds"] * s["per_round"] / len(ts) * s["local_steps"]
         L += ["", f"How much FedNL trained on each template here (a likely cause of its low scores, not isolated by a run): "
@@ -865,9 +848,7 @@ def markdown_templates(r: dict) -> list[str]:
 
 def plot_templates(r: dict, path) -> None:
     """Exact match outside the question's chunk, per row (mean over seeds) and template."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     bt = r["by_template"]
     ts = sorted({t for row in bt.values() for t in row})
     names = list(bt)
@@ -881,6 +862,4 @@ def plot_templates(r: dict, path) -> None:
             if not np.isnan(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if grid[i, j] < 0.5 else "black")
     ax.set_title(f"exact match outside the question's chunk ({TUNIT}-token chunks; mean over lengths, depths, seeds)", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)
