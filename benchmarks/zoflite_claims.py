@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import RESULTS, meta, reuse_or_run, verdict, write  # noqa: E402
+from common import RESULTS, meta, records, reuse_or_run, verdict, wilson, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
 
@@ -94,11 +94,8 @@ SETTINGS = {
         "quick_trainable": "layers.0.,layers.1.",   # the tiny twin has two decoder layers
         # z: 84,400 latents; the weights: 7.1M. The split methods take their DeComFL twin's lr (same space)
         "lrs": {"zoflite": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), "decomfl": (1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)},
-        # calibrated (results/zoflite_prompt_calibrate.md), the same rule as above. On the weights the rule's lr
-        # (3e-4: loss 0.5719, accuracy +2.4 pp) is not the most accurate one (1e-3: loss 0.5790, +4.6 pp): CE over
-        # the two label words and accuracy part where a step mostly moves the two words' relative bias.
-        # FedZO takes DeComFL's lr: the same weights and an estimator of the same expectation (the gradient), with
-        # b2 = 4 directions a step (a quarter of the variance, 5 forwards).
+        # calibrated (results/zoflite_prompt_calibrate.md), the same rule as above (on the weights it picks 3e-4, not
+        # the most accurate 1e-3); FedZO takes DeComFL's lr: the same weights, an estimator of the same gradient.
         "lr": {"zoflite": 1e-2, "zoflite_split": 1e-2, "fedspzo": 3e-4, "decomfl": 3e-4, "fedzo": 3e-4},
         "methods": [
             (ZO_FLITE, "zoflite", {"r": 20, "P": 1}),
@@ -163,7 +160,7 @@ def configs(S: dict, seeds, quick: bool, calibrate: bool = False, only: list[str
 def curves(s: dict) -> tuple[tuple[list, list], tuple[list, list]]:
     """From one read of metrics.jsonl: (cumulative client forward FLOPs, accuracy) and (cumulative bytes up + down,
     the encoded messages' lengths, accuracy), one point per evaluated round."""
-    recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()]
+    recs = records(s["out"])
     fx, bx, y, flops, sent = [0.0], [0.0], [recs[0][s["metric"]]], 0.0, 0.0
     for r in recs[1:]:
         flops += sum(c.get("flops", 0) for c in r.get("clients", []))
@@ -204,12 +201,6 @@ def recalibration(base: dict) -> dict:
     acc = lambda th: ((d > th).long() == y).float().mean().item()   # noqa: E731
     best = max(torch.cat([d, torch.tensor([d.min().item() - 1])]).tolist(), key=acc)
     return {"zero_shot": acc(0.0), "best_bias": acc(best), "margin": best, "positive_share": (d > 0).float().mean().item()}
-
-
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of an accuracy p measured on n examples."""
-    c, h = (p + z * z / (2 * n)) / (1 + z * z / n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
-    return c - h, c + h
 
 
 def flops_claim(fast: dict, slow: dict, factor: float, target: float) -> dict:
@@ -389,7 +380,7 @@ def render(res: dict) -> str:
     n_test = c["base"]["task_options"].get("test_size")
     for r in res["rows"]:
         if len(r["finals"]) == 1 and n_test:   # one seed: the test sample's own spread is all there is to read
-            lo, hi = wilson(r["mean"], n_test)
+            lo, hi = wilson(r["mean"] * n_test, n_test)
             L += ["", f"{r['label']}, one seed: {r['mean']:.4f} on {n_test} test examples has a 95% Wilson interval of "
                   f"[{lo:.4f}, {hi:.4f}] from the test sample alone; its evaluated rounds after round 0 range "
                   f"{min(min(y[1:]) for _, y in r['curves']):.4f}-{max(max(y[1:]) for _, y in r['curves']):.4f}."]
@@ -422,9 +413,7 @@ def render(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, key, xlabel in ((axes[0], "curves", "cumulative client FLOPs (log; forward only for ZO, forward + backward for first order)"),
                             (axes[1], "byte_curves", "cumulative bytes, up + down, all clients (log; encoded messages)")):
@@ -450,9 +439,7 @@ def plot(res: dict, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save(fig, path)
 
 
 def main(argv=None) -> None:
@@ -497,7 +484,7 @@ def main(argv=None) -> None:
             if "error" in s:
                 L.append(f"| {label} | {s['error'][:100]} | |")
                 continue
-            recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()][1:]
+            recs = records(s["out"])[1:]
             losses = [c_["train_loss"] for r in recs for c_ in r["clients"]]
             rows.append({"label": label, "losses": losses, "initial": s["initial"], "final": s["final"]})
             L.append(f"| {label.replace(' | ', ', ')} | {' -> '.join(f'{x:.4f}' for x in losses)} | {s['initial']:.4f} -> {s['final']:.4f} |")

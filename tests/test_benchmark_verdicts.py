@@ -104,11 +104,11 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
 
 
 def test_wilson_interval_matches_a_hand_computation():
-    from zoflite_claims import wilson
-    lo, hi = wilson(0.5, 100)   # centre 0.5; half-width 1.96 * sqrt(0.25 / 100 + 1.96^2 / 40000) / (1 + 1.96^2 / 100)
+    from common import wilson
+    lo, hi = wilson(50, 100)    # centre 0.5; half-width 1.96 * sqrt(0.25 / 100 + 1.96^2 / 40000) / (1 + 1.96^2 / 100)
     half = 1.96 * (0.0025 + 1.96 ** 2 / 40000) ** 0.5 / (1 + 1.96 ** 2 / 100)
     assert abs(lo - (0.5 - half)) < 1e-12 and abs(hi - (0.5 + half)) < 1e-12 and 0.40 < lo < 0.41
-    lo0, hi0 = wilson(0.0, 50)
+    lo0, hi0 = wilson(0, 50)
     assert abs(lo0) < 1e-12 and 0.07 < hi0 < 0.072   # the known upper bound 3.84 / 53.84
 
 
