@@ -13,14 +13,8 @@ Writes benchmarks/results/fedspzo_claims.{json,md,png} (`_quick` / `_calibrate` 
 
 Protocol (what is compared, and what is not the paper's):
 - Every method starts from the same task model (pretrained backbone + the task's seeded random
-  head: ZO methods start at chance, see the spec's calibration notes). The committed results are
-  that setting. The start ZO fine-tuning needs (a head above chance) is measured elsewhere:
-  benchmarks/zoflite_claims.py starts every method from the federated probe's head (`method =
-  probe`, then `init`), 3 seeds; the prompt-based SmolLM2 setting (`psentiment`, zero-shot above
-  chance) is `zoflite_claims.py --setting prompt` (FedSPZO, DeComFL, FedZO, ZO-FLITE both ways,
-  FedAvg+LoRA and FedAvg, 3 seeds, a few hundred client steps a run: CPU-sized; `--setting
-  prompt_long`: one seed of ZO-FLITE for 2,000 client steps). Those two settings hold the 3-seed
-  claims of issue #10; this file's results are the earlier one-seed comparison from a random head.
+  head: ZO methods start at chance). The 3-seed ZO claims of issue #10, from a start above chance
+  (the probed head; the prompt-based SmolLM2 setting), are benchmarks/zoflite_claims.py's.
 - Zeroth-order methods train the SAME restricted set of weights (ZO_TRAINABLE: the last two
   transformer layers + the head for sentiment; the last two decoder layers for austen, whose
   lm_head is tied to the 28M-weight embedding) because drawing z for all 22.7M / 135M weights on
@@ -82,13 +76,8 @@ METHODS = [
 ]
 ZO_ROLES = ("zo", "ablation")
 SEED_DOWN = ("fedspzo", "mezo", "decomfl")   # these send a client that holds an earlier model records, not weights
-# One lr for every ZO method of a task (the largest at which the uniform baseline is stable; see --calibrate).
-# Calibration by hand (sentiment, centralised, batch 8, len 24, this trainable set, 25-step rounds):
-#   MeZO P=1    1e-3: loss 0.706 -> 0.636, accuracy 0.45 -> 0.66 in 150 steps; 3e-3: 0.708 -> 1.026 in 75 (diverged)
-#   FedSPZO     1e-3: 0.707 -> 0.657, 0.45 -> 0.58 in 150;  3e-3: 0.714 -> 0.683, 0.45 -> 0.44 in 100 (no better)
-#   FedZO b2=4  3e-3: 0.703 -> 0.680, 0.45 -> 0.60 in 75 (stable, not better than MeZO at 1e-3)
-# austen (centralised, batch 2, block 32, 8-step rounds): MeZO 1e-4: perplexity 107.05 -> 106.91 in 16 steps;
-#   1e-3: 107.05 -> 108.51 (worse).
+# One lr for every ZO method of a task: the largest at which the uniform baseline is stable (sentiment: MeZO diverged
+# at 3e-3; austen: 1e-3 made the perplexity worse; see --calibrate).
 ZO_LR = {"sentiment": 1e-3, "austen": 1e-4}
 FO_LR = {"sentiment": {"FedAvg+LoRA": 5e-4, "FedAvg": 5e-5}, "austen": {"FedAvg+LoRA": 5e-4, "FedAvg": 5e-5}}
 # Rounds per run: ZO runs get ~ equal total client forward FLOPs. Per step, in full forwards: sentiment (6-layer
@@ -158,8 +147,7 @@ def grid_for(tasks, quick, probe=True):
 def curve(out: str, metric: str):
     """[(cumulative client FLOPs after the round, metric)] from round 0, from <out>/metrics.jsonl."""
     pts, cum = [], 0.0
-    for line in (Path(out) / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in common.records(out):
         cum += sum(c.get("flops", 0) for c in r.get("clients", []))
         if metric in r:
             pts.append((cum, r[metric]))
@@ -168,15 +156,13 @@ def curve(out: str, metric: str):
 
 def client_stat(out: str, key: str):
     """Mean of a per-client stat over every client update of the run (None if no client reports it)."""
-    xs = [c[key] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()
-          for c in json.loads(line).get("clients", []) if c.get(key) is not None]
+    xs = [c[key] for r in common.records(out) for c in r.get("clients", []) if c.get(key) is not None]
     return sum(xs) / len(xs) if xs else None
 
 
 def records_down(out: str) -> dict:
     """The downlinks sent as seed records (down_records > 0): how many of all, and their mean size."""
-    cs = [c for line in (Path(out) / "metrics.jsonl").read_text().splitlines()
-          for c in json.loads(line).get("clients", [])]
+    cs = [c for r in common.records(out) for c in r.get("clients", [])]
     rec = [c["down"] for c in cs if c.get("down_records")]
     return {"down_records_share": (len(rec), len(cs)), "down_records_bytes": sum(rec) / len(rec) if rec else None}
 
@@ -318,10 +304,7 @@ def judge(runs):
 
 # --- output --------------------------------------------------------------------------------------
 def plot(runs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     tasks = [t for t in TASKS if any(r["task"] == t for r in runs)]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.5), squeeze=False)
     for ax, t in zip(axes[0], tasks):
@@ -339,9 +322,7 @@ def plot(runs, path):
         ax.set_title(f"{t}: grey = round 0, dashed = target")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save(fig, path)
 
 
 def run_rows(runs, notes):
@@ -397,7 +378,7 @@ def calibrate(a):
         if "error" in s:
             rows.append({"run": label, "train loss per round": s["error"]})
             continue
-        recs = [json.loads(l) for l in (Path(s["out"]) / "metrics.jsonl").read_text().splitlines()][1:]
+        recs = common.records(s["out"])[1:]
         losses = [c_["train_loss"] for r in recs for c_ in r["clients"]]
         rows.append({"run": label, "train loss per round": " -> ".join(f"{x:.3f}" for x in losses),
                      "accuracy": f"{s['initial']:.3f} -> {s['final']:.3f}",
