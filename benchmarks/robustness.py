@@ -201,11 +201,8 @@ def part_secagg() -> dict:
     from lightfed.wire import Spec, encode
     rows = []
     for label, dim in (("FLITE latent (MiniLM, r = 6)", 1296), ("LoRA q,v r = 8 (MiniLM)", 73728), ("MiniLM dense", 22_713_216)):
-        if dim > 5_000_000:
-            dim_note = dim
-            dim = 5_000_000                     # seconds scale linearly; bytes are computed at the real size below
-        else:
-            dim_note = dim
+        dim_note, dim = dim, min(dim, 5_000_000)   # seconds scale linearly; bytes are computed at the real size below
+        spec = {"w": Spec("tensor", (dim,), "fp32"), "_n": Spec("int", lo=1, hi=2**32 - 1)}
         for drop in (0, 3):
             U = list(range(10))
             x = {i: torch.randn(dim) * 0.01 for i in U}
@@ -215,9 +212,7 @@ def part_secagg() -> dict:
             t_setup = time.perf_counter() - t
             t = time.perf_counter()
             for i in U[drop:]:
-                r.mask(i, encode({"w": x[i], "_n": 10}, {"w": Spec("tensor", (dim,), "fp32"), "_n": Spec("int", lo=1, hi=2**32 - 1)},
-                                 kind="m/up"), type("M", (), {"name": "m"}),
-                       {"w": Spec("tensor", (dim,), "fp32"), "_n": Spec("int", lo=1, hi=2**32 - 1)})
+                r.mask(i, encode({"w": x[i], "_n": 10}, spec, kind="m/up"), type("M", (), {"name": "m"}), spec)
             t_mask = (time.perf_counter() - t) / (10 - drop)
             t = time.perf_counter()
             total = r.server.unmask(r.masked, dim + 1, lambda i, req: r.clients[i].unmask(req))
@@ -322,9 +317,7 @@ def main():
 
 def plots(res: dict) -> None:
     """robustness_{dp,dropout,hostile}.png from the JSON's rows."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     if "dp" in res:
         rows = res["dp"]["rows"]
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -345,9 +338,7 @@ def plots(res: dict) -> None:
         ax.set(xlabel="epsilon (delta 1e-5, whoever sees the sum)", ylabel="final test accuracy",
                title="sentiment (MiniLM): accuracy vs epsilon, mean +- std over seeds")
         ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        fig.savefig(RESULTS / "robustness_dp.png", dpi=120)
-        plt.close(fig)
+        common.save(fig, RESULTS / "robustness_dp.png")
     if "dropout" in res:
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, (k, r) in enumerate(res["dropout"]["rows"].items()):
@@ -360,9 +351,7 @@ def plots(res: dict) -> None:
             ax.fill_between(rounds, acc.min(0), acc.max(0), color=f"C{i // 2}", alpha=0.15)
         ax.set(xlabel="round", ylabel="test accuracy", title="sentiment (MiniLM): dropouts and stragglers (mean, min-max)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(RESULTS / "robustness_dropout.png", dpi=120)
-        plt.close(fig)
+        common.save(fig, RESULTS / "robustness_dropout.png")
     if "hostile" in res:
         rows = res["hostile"]["rows"]
         methods = list(dict.fromkeys(k.split("|")[0] for k in rows))
@@ -380,9 +369,7 @@ def plots(res: dict) -> None:
         axes[0][0].set_ylabel("final test accuracy")
         axes[0][0].legend(fontsize=8)
         fig.suptitle("sentiment (MiniLM): 0, 1 or 2 of 10 clients hostile")
-        fig.tight_layout()
-        fig.savefig(RESULTS / "robustness_hostile.png", dpi=120)
-        plt.close(fig)
+        common.save(fig, RESULTS / "robustness_hostile.png")
 
 
 # --- runs on the real task: DP, dropouts, hostile clients ------------------------------------------
@@ -393,9 +380,8 @@ BASE = {"task": "sentiment", "clients": 10, "fraction": 1.0, "rounds": 6, "batch
         "progress": False, "task_options": TASK}
 ZO_TRAINABLE = "layer.4.,layer.5."     # as in zoflite_claims: the last two layers, from the probed head
 METHODS = {"FedAvg+LoRA": ("lora", {}, 3e-4), "FLITE": ("flite", {}, 1e-2), "FedAvg": ("fedavg", {}, 3e-5),
-           # zeroth order from a random head stays at chance whatever the clients send; from the federated probe's
-           # head (methods/probe.py, one round, run per seed first) it starts at ~0.8, so an attack can show; its lr
-           # is zoflite_claims' calibrated one for these weights
+           # from the federated probe's head (~0.8; from a random head ZO stays at chance whatever the clients send),
+           # at zoflite_claims' calibrated lr for these weights
            "FedSPZO": ("fedspzo", {"trainable": ZO_TRAINABLE, "z": "fast", "split": 1, "P1": 1, "Ps": 2}, 1e-5)}
 DP_NOISE = [0.0, 0.3, 1.0, 3.0]                 # z; 0.0 with the clip = clipping only
 DP_METHODS = ("FedAvg+LoRA", "FLITE")
@@ -536,7 +522,7 @@ def _runs(kind: str, g, workers, finished_only: bool) -> dict:
         r["dropped"].append(sum(len(v) for v in (s.get("dropped_by_round") or {}).values()))
         if kind in ("dp", "dp_clean") and c.get("dp_clip"):   # the clients' update norms before clipping (privacy.clip)
             m = Path(s["out"]) / "metrics.jsonl"
-            cl = [x for l in m.read_text().splitlines() for x in json.loads(l).get("clients", [])] if m.exists() else []
+            cl = [x for rec in common.records(s["out"]) for x in rec.get("clients", [])] if m.exists() else []
             r.setdefault("norms", []).extend(x["dp_norm"] for x in cl if "dp_norm" in x)
             r.setdefault("clipped", []).extend(bool(x["dp_clipped"]) for x in cl if "dp_clipped" in x)
     for r in rows.values():
