@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import meta, write  # noqa: E402
+from common import meta, records, write  # noqa: E402
 
 from lightfed import config as C  # noqa: E402
 from lightfed.engine import flower_app as F  # noqa: E402
@@ -44,10 +44,6 @@ def config(quick: bool, out: str) -> dict:
     return d
 
 
-def rows_of(out: Path) -> list[dict]:
-    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()][1:]
-
-
 def mean(xs):
     xs = [x for x in xs if x is not None]
     return float(np.mean(xs)) if xs else None
@@ -55,7 +51,7 @@ def mean(xs):
 
 def digest(name: str, out: Path, wall: float) -> dict:
     s = json.loads((out / "summary.json").read_text())
-    rs = rows_of(out)
+    rs = records(out)[1:]
     cl = [c for r in rs for c in r["clients"]]
     t = lambda k, rows=rs: mean([r["time"].get(k, 0.0) for r in rows])  # noqa: E731
     d = {"engine": name, "out": str(out), "wall_s": wall, "final": s["final"], "metric": s["metric"],
@@ -86,12 +82,11 @@ def main(argv=None):
     ap.add_argument("--note", default="run once; the load average counts the deployment's own SuperLink, SuperNodes "
                     "and workers", help="what else ran on the machine (printed beside the load average)")
     a = ap.parse_args(argv)
+    name = "flower_overhead" + ("_quick" if a.quick else "")
     if a.report_only:
-        name = "flower_overhead" + ("_quick" if a.quick else "")
         data = json.loads((HERE / "results" / f"{name}.json").read_text())
         print(write(name, data, report(data)))
         return
-    name = "flower_overhead" + ("_quick" if a.quick else "")
     base = ROOT / "runs" / f"bench-{name}"
     torch.set_num_threads(1)            # as each Flower client: equal thread counts, equal floats
     results, outs = [], {}
@@ -169,7 +164,6 @@ def report(d: dict) -> str:
              "| engine | s / round | round 1 | later rounds | x local (all / later) | up B/client/round | down B/client/round "
              "| Flower envelope up / down (B) | identical to local |",
              "|---|---|---|---|---|---|---|---|---|"]
-    keys = {"local (in-process)": "local"}
     for r in d["runs"]:
         k = "flower-sim" if "simulation" in r["engine"] else "local" if "deployment" not in r["engine"] else \
             "flower-deployment-worker" if "worker" in r["engine"] else "flower-deployment"
@@ -178,7 +172,6 @@ def report(d: dict) -> str:
         lines.append(f"| {r['engine']} | {f(r['seconds_per_round'])} | {f(r['first_round_s'])} | {f(r['later_rounds_s'])} "
                      f"| {f(r['x_local_per_round'])} / {f(r['x_local_later_rounds'])} | {f(r['up_per_client_round'], 0)} "
                      f"| {f(r['down_per_client_round'], 0)} | {env} | {ident} |")
-    del keys
     lines += ["", "Where a round's time goes (mean per round, seconds; `client` = the sum of the clients' own "
               "compute, `wait` = the server waiting for replies, clients running in parallel):", "",
               "| engine | server | client compute (sum) | wait | eval | checkpoint | client-app process age at reply | build in that process |",
