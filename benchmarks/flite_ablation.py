@@ -148,9 +148,7 @@ def render(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in res["rows"]:
         ax.errorbar(r["up_bytes"], r["mean"], yerr=[[r["mean"] - r["min"]], [r["max"] - r["mean"]]], fmt="o", capsize=3)
@@ -160,9 +158,7 @@ def plot(res: dict, path: Path) -> None:
     ax.set_ylabel("accuracy (mean, bars: min..max over seeds)")
     ax.set_title("FLITE's map choices vs FedAvg fp32 (sentiment, real MiniLM)")
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save(fig, path)
 
 
 def main() -> None:

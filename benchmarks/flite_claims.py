@@ -204,9 +204,7 @@ def render(res: dict) -> str:
 
 
 def plots(res: dict, name: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     panels = list(dict.fromkeys(r["task"] for r in res["rows"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
     for ax, t in zip(axes[0], panels):
@@ -220,9 +218,7 @@ def plots(res: dict, name: str) -> None:
         ax.set_ylabel(res["rows"][[r["task"] for r in res["rows"]].index(t)]["metric"] + " (mean, bars: min..max)")
         ax.set_title(t)
         ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=120)
-    plt.close(fig)
+    common.save(fig, RESULTS / f"{name}.png")
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
     for ax, t in zip(axes[0], panels):
         for r in (r for r in res["rows"] if r["task"] == t):
@@ -236,9 +232,7 @@ def plots(res: dict, name: str) -> None:
         ax.set_title(t)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}_curves.png", dpi=120)
-    plt.close(fig)
+    common.save(fig, RESULTS / f"{name}_curves.png")
 
 
 def merged(res: dict, path: Path, tasks: list[str], baselines: bool) -> dict:
