@@ -182,13 +182,8 @@ def main(argv=None):
     if a.quick and a.record:
         (RESULTS / "reproduce_quick.json").write_text(json.dumps(
             {"meta": res["meta"], "want": {r["cell"]: r["got"] for r in rows}}, indent=1))
-        print("\n".join(L))
-        return 0
-    if a.quick:
-        print("\n".join(L))
-        return 0 if all(r["same"] for r in rows) else 1
-    print(write("reproduce", res, "\n".join(L) + "\n"))
-    return 0 if all(r["same"] for r in rows) else 1
+    print("\n".join(L) if a.quick else write("reproduce", res, "\n".join(L) + "\n"))
+    return 0 if (a.quick and a.record) or all(r["same"] for r in rows) else 1
 
 
 if __name__ == "__main__":
