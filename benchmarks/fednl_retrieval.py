@@ -83,9 +83,9 @@ BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora
              ("FedALA (p = every layer)", "fedala", {"top": 0}, "fedala"), ("FedSSI", "fedssi", {}, "fedssi")]
 INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
-# FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls: the model evaluated
-# with its memory reset per chunk, and its CE curves). "stream LM loss" adds the haystack's next-token NLL (lm_weight 1);
-# "forgetting gate" starts Gated DeltaNet's a_t at 1 - 1e-3 (a write fades to e^-1 in ~16 chunks; untuned).
+# FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls: the model
+# evaluated with its memory reset per chunk, and its CE curves). "stream LM loss" adds the haystack's next-token NLL
+# (lm_weight 1); "forgetting gate" starts Gated DeltaNet's a_t at 1 - 1e-3 (a write fades to e^-1 in ~16 chunks).
 FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, {}, True), ("FedNL, constant lr", "none", "fednl", {}, {}, False),
               ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, {}, True),
               ("FedNL, stream LM loss, forgetting gate", "cosine", "fednl-lm-forget", {"lm_weight": 1.0}, {"forget": 1e-3}, True)]
@@ -694,9 +694,9 @@ def plot_retrieval(r: dict, path) -> None:
 
 # --- templates: the pass key and six RULER templates, a client each; an unseen template ---------------------------
 TUNIT = 128     # RULER's questions need a 128-token chunk (the multi-query question and answer: up to 116 tokens)
-# depths: all outside the question's chunk (0.9: the chunk before it), which cannot hold multiquery's question and answer
-# beside its needle (the task refuses depth 1 for it and single_3). Lengths 4 and 8 chunks: an evaluation of the seven
-# templates takes 6-12 min on a busy core (16 chunks would double it), and a run evaluates twice.
+# depths: all outside the question's chunk (0.9: the chunk before it), which cannot hold multiquery's question
+# and answer beside its needle (the task refuses depth 1 for it and single_3). Lengths 4 and 8 chunks: evaluating the
+# seven templates takes 6-12 min on a busy core (16 chunks would double it), and a run evaluates twice.
 TEMPLATES_TASK = {"templates": "all", "unit": TUNIT, "window": TUNIT, "train_chunks": 4, "train_size": 64,
                   "lengths": "4,8", "depths": "0,0.5,0.9", "test_per_cell": 20}
 TEMPLATES_SIZES = {
