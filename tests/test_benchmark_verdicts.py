@@ -82,7 +82,7 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from lightfed import config as C
     from lightfed.engine import local
     from flite_vision import LR_OF, ONCE, PAIRED, ROWS, SWEEP, calibration_grid, grid
-    lrs = {"flite": 0.1, "flite_obase": 1.0, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3]}
+    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3]}
     g = grid([0, 1, 2], quick, lrs)
     cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
