@@ -383,9 +383,8 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if name in CONTROLLED:              # the control: the same trained model, its memory emptied at every chunk
             out, key = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}
             model = functools.cache(lambda s=s: final_model(s))   # loaded once, only if an evaluation is not on disk
-            rr = rows.setdefault(f"{name}, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
-            rr["seeds"].append(c["seed"])
-            rr["cells"].append(cached(out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
+            rr = add_run(rows, f"{name}, memory reset per chunk", c, s, lambda s: cached(
+                out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
             if name == "FedNL":         # the row the targets name: their own test set, and why its score at 4 chunks
                 jkey = {"task": size["judge"], "code": s.get("code")}
                 for row, reset, f in ((rows[name], False, "eval-judge.json"), (rr, True, "eval-judge-reset.json")):
@@ -628,6 +627,13 @@ def markdown_retrieval(r: dict) -> list[str]:
     return L + ["", "![depth x length heat maps and exact match against inference memory](fednl_claims_retrieval.png)", ""]
 
 
+def annotate(ax, grid) -> None:
+    """Each cell's value written on a 0..1 heat map (NaN: left blank)."""
+    for (i, j), v in np.ndenumerate(grid):
+        if not np.isnan(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if v < 0.5 else "black")
+
+
 def plot_retrieval(r: dict, path) -> None:
     """Depth x length heat maps per row (mean over seeds) and exact match against inference memory."""
     plt = pyplot()
@@ -647,11 +653,7 @@ def plot_retrieval(r: dict, path) -> None:
         ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(lens)), [str(L * UNIT) for L in lens], fontsize=7)
         ax.set_yticks(range(len(deps)), [f"{d:g}" for d in deps], fontsize=7)
-        for i in range(len(deps)):
-            for j in range(len(lens)):
-                if not np.isnan(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6,
-                            color="white" if grid[i, j] < 0.5 else "black")
+        annotate(ax, grid)
         ax.set_title(f"{name} (n={len(v['cells'])})", fontsize=7)
         ax.set_xlabel("tokens", fontsize=7)
     axes[0].set_ylabel("needle depth (1: the question's chunk)", fontsize=7)
@@ -857,9 +859,6 @@ def plot_templates(r: dict, path) -> None:
     ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(ts)), [t + (" (held out in\nthe unseen run)" if t == r["unseen"] else "") for t in ts], rotation=30, fontsize=7, ha="right")
     ax.set_yticks(range(len(names)), names, fontsize=7)
-    for i in range(len(names)):
-        for j in range(len(ts)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if grid[i, j] < 0.5 else "black")
+    annotate(ax, grid)
     ax.set_title(f"exact match outside the question's chunk ({TUNIT}-token chunks; mean over lengths, depths, seeds)", fontsize=8)
     save(fig, path, 110)
