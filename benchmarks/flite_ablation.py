@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import meta, reuse_or_run, verdict, write  # noqa: E402
+from common import RESULTS, meta, reuse_or_run, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
 
@@ -172,7 +172,6 @@ def main() -> None:
     a = ap.parse_args()
     common.configure(a)
     name = "flite_ablation" + ("_quick" if a.quick else "")
-    from common import RESULTS
     if a.render:
         res = json.loads((RESULTS / f"{name}.json").read_text())
     else:
