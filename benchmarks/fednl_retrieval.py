@@ -85,7 +85,8 @@ INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fed
 LORA_LR = 1e-3
 # FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls: the model
 # evaluated with its memory reset per chunk, and its CE curves). "stream LM loss" adds the haystack's next-token NLL
-# (lm_weight 1); "forgetting gate" starts Gated DeltaNet's a_t at 1 - 1e-3 (a write fades to e^-1 in ~16 chunks).
+# (lm_weight 1); "forgetting gate" starts Gated DeltaNet's a_t at 1 - 1e-3 (a write fades to e^-1 in ~16 chunks, the
+# length the retrieval target asks 0.5 at; not tuned).
 FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, {}, True), ("FedNL, constant lr", "none", "fednl", {}, {}, False),
               ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, {}, True),
               ("FedNL, stream LM loss, forgetting gate", "cosine", "fednl-lm-forget", {"lm_weight": 1.0}, {"forget": 1e-3}, True)]
