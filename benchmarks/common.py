@@ -75,13 +75,19 @@ def _run_one(args):
         print(f"[bench] FAILED {label}: {e!r}", file=sys.stderr, flush=True)
         return {"label": label, "error": repr(e), "config": cfg_dict}
     s["label"] = label
-    bench = {"config": cfg_dict, "code_used": used, "commit": commit(), "command": " ".join(sys.argv),
-             "date": time.strftime("%Y-%m-%d %H:%M")}
-    (Path(cfg_dict["out"]) / "bench.json").write_text(json.dumps(bench))   # the config the benchmark asked for, and who made it
-    s["bench"] = bench
+    s["bench"] = record(cfg_dict, used)
     print(f"[bench] done {label}: {s['metric']} {'-' if s['initial'] is None else format(s['initial'], '.4f')} -> {s['final']:.4f} in {time.time() - t:.0f} s",
           file=sys.stderr, flush=True)
     return s
+
+
+def record(cfg_dict: dict, used: dict | None) -> dict:
+    """<out>/bench.json of a finished run: the config the benchmark asked for, and who made it (the functions it ran:
+    lightfed.provenance's fingerprint; its commit, command and date)."""
+    bench = {"config": cfg_dict, "code_used": used, "commit": commit(), "command": " ".join(sys.argv),
+             "date": time.strftime("%Y-%m-%d %H:%M")}
+    (Path(cfg_dict["out"]) / "bench.json").write_text(json.dumps(bench))
+    return bench
 
 
 def run_grid(grid: list[tuple[str, dict]], workers: int = 2, runner=None, fresh_process: bool = False) -> list[dict]:

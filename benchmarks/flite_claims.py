@@ -273,7 +273,7 @@ def main(argv=None) -> None:
     if "fmnist" in tasks and not a.from_runs:   # our fmnist base, built once before the workers
         from lightfed.tasks import fmnist
         fmnist.pretrained_base("small", fmnist.ARCHS["small"][3])
-    reused = sum(finished(label, c) is not None for label, c in grid)
+    reused = sum(finished(label, c) is not None for label, c in common.placed(grid))   # as they will run (--device)
     summaries = reuse_or_run(grid, a.workers, a.from_runs)
     settings = {t: {**TASKS[t], **(QUICK[t] if a.quick else {})} for t in tasks}
     res = {"meta": meta("python benchmarks/flite_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)),

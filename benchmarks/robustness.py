@@ -478,10 +478,12 @@ def _hostile_one(args):
                 up = {k: down[k] + s * (v - down[k]) if k in down and torch.is_tensor(v) else v for k, v in up.items()}
             return up, st
         cls.client_update = update
+    from lightfed import provenance
     try:
-        out = local.run(cfg, log=lambda *a: None)
+        with provenance.Trace() as tr:
+            out = local.run(cfg, log=lambda *a: None)
         out["label"] = label
-        (Path(c["out"]) / "bench.json").write_text(json.dumps(c))      # the run's full config, hostility included
+        out["bench"] = common.record(c, tr.fingerprint())               # the run's full config, hostility included
         print(f"[bench] done {label}: {out['initial']:.4f} -> {out['final']:.4f}", file=sys.stderr, flush=True)
         return out
     except Exception as e:  # noqa: BLE001

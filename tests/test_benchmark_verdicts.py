@@ -564,3 +564,17 @@ def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it
         assert len(runs) == 2                                                  # that run's code changed: made afresh
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_hostile_run_records_who_made_it_like_every_benchmark_run(tmp_path):
+    """robustness's own runner writes bench.json as common's does (the config as asked, hostility included, and the
+    functions the run executed), so its runs are judged by the code they ran, not by every file of src/lightfed."""
+    import json
+    import common
+    from conftest import tiny_config
+    from robustness import _hostile_one
+    c = {**tiny_config("sentiment", "fedavg", tmp_path / "h").to_dict(), "engine_options": {"hostile": 0}}
+    s = _hostile_one(("fedavg|hostile0|s0", c))
+    b = json.loads((tmp_path / "h" / "bench.json").read_text())
+    assert b == s["bench"] and b["config"] == c and b["code_used"] and common.at_hand(s)
+    assert common.finished("x", c)["final"] == s["final"]        # reused as it was asked for
