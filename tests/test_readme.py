@@ -167,6 +167,12 @@ ROWS = {
                             f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite|iid']['up']:,.0f}"],
         verdict=lambda d: vision_claim(d, "FLITE within 1 pp of FedAvg fp32 (IID)")[1],
         claim=lambda d: f"{d['rows']['flite|iid']['trainable']:,} 1 {len(d['rows']['flite|iid']['seeds'])}"),
+    "FLITE's paper form does better on a base pretrained under its frozen orthogonal head than on today's base "
+    "(Fashion-MNIST, GN ResNet-18, IID, 3 seeds)": dict(
+        json="flite_vision.json",
+        measured=lambda d: [vision(d, k, mean(d["rows"][k]["finals"])) for k in ("flite_obase|iid", "flite|iid", "fedavg|iid")],
+        verdict=lambda d: vision_claim(d, "the frozen orthogonal head's geometry serves FLITE")[1],
+        claim=lambda d: f"{len(d['rows']['flite_obase|iid']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
     dict(
         json="zoflite_prompt.json",
