@@ -417,9 +417,7 @@ def render(res: dict) -> str:
 
 
 def plot(res: dict, name: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     label = {k: lab for k, lab, *_ in ROWS}
     color = {k: f"C{i}" if i < 10 else "black" for i, (k, *_) in enumerate(ROWS)}   # one per row, both panels
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -440,8 +438,7 @@ def plot(res: dict, name: str) -> None:
                    label=f"{label[r['key']]} ({r['partition']})" if j == 0 else None)
     b.set(xlabel="round", ylabel="test accuracy", title="curves (every seed; dashed: Dirichlet)")
     b.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(common.RESULTS / f"{name}.png", dpi=110)
+    common.save(fig, common.RESULTS / f"{name}.png", 110)
 
 
 def calibrate(a) -> None:
