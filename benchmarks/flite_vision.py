@@ -3,6 +3,7 @@
     python benchmarks/flite_vision.py --calibrate        # each method's lr on validation images (one seed, IID)
     python benchmarks/flite_vision.py                    # the grid: 3 seeds of the claims' rows, one of the Pareto's
     python benchmarks/flite_vision.py --quick            # every row on the tiny twin (minutes)
+    python benchmarks/flite_vision.py --rows flite_r16g,fedavg --partitions iid --name flite_vision_rank   # some rows
 
 Setting: task fmnist, arch resnet18 (models/vision.GNResNet18: 11.2M weights, 20 convolutions; pretrained by
 `lightfed pretrain fmnist` on classes 0-4 of training images 0-29,999, a new 10-way head), 6,000 training images
@@ -412,7 +413,7 @@ def render(res: dict) -> str:
     L += ["", "| claim | verdict |", "|---|---|"] + [f"| {a} | {b} |" for a, b in res["claims"]]
     n = next((r["test_images"] for r in res["rows"].values() if r.get("test_images")), c["task"]["test_size"])
     L += ["", f"Test images: {n} (one image = {100 / n:.2f} pp). Plots: "
-          "flite_vision.png (accuracy against uplink bytes, log scale; and the curves)."]
+          f"{res.get('name', 'flite_vision')}.png (accuracy against uplink bytes, log scale; and the curves)."]
     return "\n".join(L) + "\n"
 
 
@@ -495,6 +496,8 @@ def main(argv=None):
     ap.add_argument("--kinds", default="", help="--calibrate: comma-separated kinds of SWEEP (default: all)")
     ap.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
     ap.add_argument("--partitions", default="", help="comma-separated partitions (default: each row's)")
+    ap.add_argument("--name", default="", help="the results file's name (default flite_vision[_quick]): a grid of some "
+                    "rows written beside the full grid's file, not over it")
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
@@ -530,7 +533,7 @@ def main(argv=None):
                       "rows": [r[:6] for r in ROWS]},
            "base": base, "base_orthogonal": (fmnist.base_report("resnet18", head="orthogonal") or {}) if not a.quick else {},
            "backbone_fp32_bytes": bb, "rows": rows, "claims": claims(rows, bb), "wall_s": time.time() - t0}
-    name = "flite_vision" + ("_quick" if a.quick else "")
+    name = res["name"] = a.name or "flite_vision" + ("_quick" if a.quick else "")
     print(write(name, res, render(res)))
     plot(res, name)
 
