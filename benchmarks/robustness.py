@@ -6,7 +6,7 @@
     python benchmarks/robustness.py --render                        # markdown + plots again from the JSON
 
 Parts:
-- fuzz: every message kind of every method (uplink, broadcast, seed-only downlink) and of secure
+- fuzz (engine/fuzz.py; tests/test_robust.py runs it at 60 a kind): every message kind of every method (uplink, broadcast, seed-only downlink) and of secure
   aggregation, built for real on the tiny twin models (the schemas have the real structure), mutated N times
   each (byte flips, cuts, insertions, deletions, with the stale CRC and with a recomputed one, garbage
   with a valid magic and CRC). An uplink goes through the server's `aggregate`, a downlink through the
@@ -41,28 +41,13 @@ from common import RESULTS, meta, reuse_or_run, run_grid, verdict, write  # noqa
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-from lightfed.wire.fuzz import mutants  # noqa: E402
-
-
-def names_a_field(err: str) -> bool:
-    return "field '" in err or any(s in err for s in ("<field ", "<header>", "<crc>", "<trailer>", "_n:", "digest", "steps"))
-
-
-def _mark(d: dict) -> dict:
-    """What an in-place change or a replaced entry would alter: each value's identity and, for a tensor,
-    its version counter (torch bumps it on every in-place write)."""
-    import torch
-    return {k: (id(v), v._version if torch.is_tensor(v) else repr(v)) for k, v in d.items()}
-
 
 def part_fuzz(n: int, only: set | None = None) -> dict:
+    """Every message kind of every method (tiny twins) and of secure aggregation, n mutants each (engine/fuzz.py)."""
     import torch
     from conftest import tiny_config, tiny_task
     from lightfed import methods
-    from lightfed.data.tensors import subset
-    from lightfed.engine import protocol as P
-    from lightfed.methods.base import ClientContext, Rejected
-    from lightfed.wire import WireError
+    from lightfed.engine import fuzz
     torch.set_num_threads(1)
     rng = random.Random(0)
     out = {}
@@ -70,128 +55,17 @@ def part_fuzz(n: int, only: set | None = None) -> dict:
         if only is not None and not any(k.split("/")[0] == name for k in only):
             continue
         task = "austen" if name == "fednl" else "sentiment"
-        opts = {"down": "seeds"} if name in ("decomfl", "mezo", "fedspzo", "zoflite") else {}
         T = tiny_task(task)
-        cfg = tiny_config(task, name, method_options=opts)
-        m = methods.build(cfg)
-        model = m.prepare(copy.deepcopy(T.model))
-        state0 = m.init_state(model)
-        down = P.broadcast(m, state0, 1)
-        ctx = ClientContext(0, 1, 5, cfg, T.loss, {})
-        up, _ = P.client_round(m, model, down, subset(T.train, range(16)), ctx, cfg.max_message_bytes)
-        state1, _ = P.aggregate(m, state0, [(0, up)], 1, max_bytes=cfg.max_message_bytes, sampled=[0])
-        kinds = {"up": up, "down": down}
-        if "_held" in state1 and hasattr(m, "downlink"):          # the seed-only downlink to a client that holds round 1
-            k2, f2, s2 = m.downlink(state1, 2, 0)
-            if k2 != "down":
-                from lightfed.wire import encode
-                kinds[k2] = encode(f2, s2, kind=f"{m.name}/{k2}")
-        for kind, msg in kinds.items():
-            if only is not None and f"{name}/{kind}" not in only:
-                continue
-            t = time.perf_counter()
-            c = {"mutants": 0, "refused": 0, "named": 0, "well_formed": 0, "crashes": 0, "state_changed": 0, "examples": []}
-            for bad in mutants(msg, n, rng):
-                if bad == msg:
-                    continue
-                c["mutants"] += 1
-                try:
-                    if kind == "up":
-                        snap = _mark(state1)
-                        new, rep = P.aggregate(m, state1, [(1, bad)], 2, max_bytes=cfg.max_message_bytes, sampled=[1])
-                        if snap != _mark(state1):
-                            c["state_changed"] += 1
-                        if rep["rejected"]:
-                            c["refused"] += 1
-                            c["named"] += names_a_field(rep["rejected"][0]["error"])
-                            if len(c["examples"]) < 3:
-                                c["examples"].append(rep["rejected"][0]["error"][:120])
-                        else:
-                            c["well_formed"] += 1
-                    else:
-                        snap, kept = _mark(ctx.state), dict(ctx.state)
-                        try:
-                            P.client_round(m, model, bad, subset(T.train, range(4)), ClientContext(0, 2, 6, cfg, T.loss, ctx.state),
-                                           cfg.max_message_bytes)
-                            c["well_formed"] += 1
-                        except (WireError, Rejected) as e:
-                            c["refused"] += 1
-                            c["named"] += names_a_field(str(e))
-                            if snap != _mark(ctx.state):
-                                c["state_changed"] += 1
-                            if len(c["examples"]) < 3:
-                                c["examples"].append(str(e)[:120])
-                        ctx.state.clear()
-                        ctx.state.update({k: v.clone() for k, v in kept.items()})
-                except Exception as e:  # noqa: BLE001  (what the benchmark counts)
-                    c["crashes"] += 1
-                    c["examples"].append(f"CRASH {e!r}"[:200])
-            c["bytes"], c["seconds"] = len(msg), time.perf_counter() - t
-            out[f"{name}/{kind}"] = c
-            print(f"[fuzz] {name}/{kind}: {c['mutants']} mutants, {c['refused']} refused ({c['named']} naming the field), "
-                  f"{c['well_formed']} well-formed, {c['crashes']} crashes, {c['state_changed']} state changes, "
-                  f"{c['bytes']} B, {c['seconds']:.1f} s",
-                  file=sys.stderr, flush=True)
+        cfg = tiny_config(task, name, method_options={"down": "seeds"} if name in ("decomfl", "mezo", "fedspzo", "zoflite") else {})
+        for kind, r in fuzz.method_receivers(methods.build(cfg), copy.deepcopy(T.model), T.train, cfg, T.loss).items():
+            if only is None or f"{name}/{kind}" in only:
+                out[f"{name}/{kind}"] = c = fuzz.tally(n, rng, r)
+                print(f"[fuzz] {name}/{kind}: {c['mutants']} mutants, {c['refused']} refused ({c['named']} naming the field), "
+                      f"{c['well_formed']} well-formed, {c['crashes']} crashes, {c['state_changed']} state changes, "
+                      f"{c['bytes']} B, {c['seconds']:.1f} s", file=sys.stderr, flush=True)
     if only is None or any(k.startswith("secagg/") for k in only):
-        out.update(fuzz_secagg(n, rng))
+        out.update({f"secagg/{k}": fuzz.tally(n, rng, r) for k, r in fuzz.secagg_receivers().items()})
     return {"per_kind": n, "kinds": out}
-
-
-def fuzz_secagg(n: int, rng: random.Random) -> dict:
-    """The protocol's own messages, each fed to its receiver."""
-    from lightfed import secagg
-    from lightfed.wire import WireError
-    U = [0, 1, 2, 3]
-    server, clients = secagg.Server(U), {i: secagg.Client(i) for i in U}
-    keys = {i: c.keys() for i, c in clients.items()}
-    roster = server.roster(keys)
-    shares = {i: c.shares(roster) for i, c in clients.items()}
-    inbox = server.route(shares)
-    for i, c in clients.items():
-        c.receive(inbox[i])
-    x = np.arange(8, dtype=np.uint64)
-    all_masked = {i: clients[i].masked(x) for i in U}
-    masked = all_masked[0]
-    req = secagg.encode({"dropped": np.array([3], dtype="<u4").tobytes()}, {"dropped": secagg.Spec("bytes", max_len=16)},
-                        kind="secagg/unmask")
-    reveal = clients[0].unmask(req)
-    receivers = {
-        "keys": lambda b: secagg.Server(U).roster({0: b, 1: keys[1], 2: keys[2], 3: keys[3]}),
-        "roster": lambda b: secagg.Client(0).shares(b),
-        "shares": lambda b: server.route({0: b, 1: shares[1], 2: shares[2], 3: shares[3]}),
-        "inbox": lambda b: clients[1].receive(b),
-        "masked": lambda b: server.unmask({**all_masked, 0: b}, 8, lambda i, q: clients[i].unmask(q)),
-        "unmask": lambda b: clients[1].unmask(b),
-        "reveal": lambda b: server.unmask(all_masked, 8, lambda i, q: b if i == 0 else clients[i].unmask(q)),
-    }
-    msgs = {"keys": keys[0], "roster": roster, "shares": shares[0], "inbox": inbox[1], "masked": masked,
-            "unmask": req, "reveal": reveal}
-    out = {}
-    for kind, msg in msgs.items():
-        c = {"mutants": 0, "refused": 0, "named": 0, "well_formed": 0, "crashes": 0, "state_changed": 0, "examples": []}
-        t = time.perf_counter()
-        for bad in mutants(msg, n, rng):
-            if bad == msg:
-                continue
-            c["mutants"] += 1
-            try:
-                receivers[kind](bad)
-                c["well_formed"] += 1
-            except WireError as e:
-                c["refused"] += 1
-                c["named"] += names_a_field(str(e))
-            except Exception as e:  # noqa: BLE001  (a forged ciphertext fails AES-GCM's tag: InvalidTag is a refusal too)
-                if type(e).__name__ in ("InvalidTag",) or (isinstance(e, ValueError) and "secagg" in str(e)):
-                    c["refused"] += 1
-                    c["named"] += 1
-                else:
-                    c["crashes"] += 1
-                    c["examples"].append(f"CRASH {e!r}"[:200])
-        c["bytes"], c["seconds"] = len(msg), time.perf_counter() - t
-        out[f"secagg/{kind}"] = c
-        print(f"[fuzz] secagg/{kind}: {c['mutants']} mutants, {c['refused']} refused, {c['well_formed']} well-formed, "
-              f"{c['crashes']} crashes", file=sys.stderr, flush=True)
-    return out
 
 
 def part_secagg() -> dict:

@@ -125,3 +125,47 @@ def test_a_downlink_that_makes_the_loss_non_finite_is_refused_cleanly():
     with pytest.raises(WireError, match="finite"):
         P.client_round(m, model, P.broadcast(m, huge, 2), subset(T.train, range(16)), ctx2, cfg.max_message_bytes)
     assert ctx.state.keys() == kept.keys() and all(ctx.state[k] is kept[k] for k in kept)
+
+
+# ---- fuzzing: every message kind of every method, fed malformed to its receiver (engine/fuzz.py) ----------------
+
+@pytest.mark.parametrize("name", sorted(methods.METHODS))
+def test_every_message_kind_of_every_method_refuses_its_mutants_without_a_crash_or_a_state_change(one_thread, name):
+    """60 mutants of each of the method's real messages (flips, cuts, insertions, garbage; stale and recomputed CRCs):
+    the server's aggregate or the client's round refuses them (naming the field), none crashes, and a refused one
+    leaves the server's or the client's state as it was. The benchmark's robustness.md runs 10,000 a kind."""
+    import random
+    from lightfed.engine import fuzz
+    task = "austen" if name == "fednl" else "sentiment"
+    T = tiny_task(task)
+    cfg = tiny_config(task, name, method_options={"down": "seeds"} if name in ("decomfl", "mezo", "fedspzo", "zoflite") else {})
+    receivers = fuzz.method_receivers(methods.build(cfg), copy.deepcopy(T.model), T.train, cfg, T.loss)
+    assert {"up", "down"} <= set(receivers)
+    for kind, r in receivers.items():
+        c = fuzz.tally(60, random.Random(0), r)
+        assert c["crashes"] == 0 and c["state_changed"] == 0, (kind, c["examples"])
+        assert c["refused"] >= c["mutants"] // 2 and c["named"] >= 0.9 * c["refused"], (kind, c)
+
+
+def test_secure_aggregations_messages_refuse_their_mutants_without_a_crash():
+    import random
+    from lightfed.engine import fuzz
+    for kind, r in fuzz.secagg_receivers().items():
+        c = fuzz.tally(60, random.Random(1), r)
+        assert c["crashes"] == 0 and c["refused"] > 0, (kind, c["examples"])
+
+
+def test_the_fuzz_tally_counts_a_crash_and_a_refusal_that_changes_state():
+    """The tally's own contract, on a receiver built to fail each way: a check that cannot fail proves nothing."""
+    import random
+    from lightfed.engine import fuzz
+    held = {"w": torch.zeros(2)}
+
+    def receive(b):
+        if b[0] % 2:
+            raise KeyError("a crash")
+        held["w"].add_(1)                      # an in-place write, then a refusal
+        return "wire: field 'w': bad"
+    c = fuzz.tally(40, random.Random(0), fuzz.Receiver(b"LF\x02" + bytes(20), receive, lambda: fuzz.marks(held)))
+    assert c["crashes"] > 0 and c["refused"] > 0 and c["state_changed"] == c["refused"] and c["named"] == c["refused"]
+    assert c["crashes"] + c["refused"] == c["mutants"]
