@@ -9,7 +9,10 @@ each, so that runs side by side see the same machine) or reused, statistics and 
                                                         all of src/lightfed); --reuse-stale (explicit) also takes runs
                                                         made by other code, and the results name them
     a config without "out" lives in the run store: runs/store/<task>-<method>-<hash of the config>, so that a row
-    whose settings change gets a new folder and the old run stays what it was
+    whose settings change gets a new folder and the old run stays what it was; its record (records/<folder>.json,
+    committed: the summary and bench.json) stands in for the folder on a machine that lacks it
+    derived(c, name, fn, *modules)                      a value computed from a store run's checkpoint, kept in its
+                                                        record beside the source of fn and the modules it scores with
     provenance(summary) / marked(text, prov)           who made a figure (code, commit, date, command) and whether
                                                         it is the code at hand; a figure that is not gets a dagger
     ms(xs) / verdict(a, b, a_lower) / wilson(k, n)      statistics; "met" only over >= 3 seeds that separate
@@ -28,6 +31,9 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 STORE = Path("runs/store")
+RECORDED = STORE                              # the store whose runs are recorded in RECORDS
+RECORDS = Path(__file__).parent / "records"   # committed: each finished store run's summary, who made it, and what was
+                                              # derived from its checkpoint (the store's folders do not outlive a machine)
 REUSE_STALE = False          # set by a script's --reuse-stale: take runs made by other code, and say so
 PLACE: dict = {}             # set by --device / --dtype: where every run of the grid computes (recorded in its config)
 STALE: dict[str, str] = {}   # label -> the code hash of a stale run that was reused (reported by meta())
@@ -187,12 +193,16 @@ def effective(s: dict, want: dict) -> dict:
 
 
 def finished(label: str, c: dict) -> dict | None:
-    """The summary of a run already made with config c (in c["out"]) by this code (or, with REUSE_STALE, by any
-    code: recorded in STALE), or None."""
+    """The summary of a run already made with config c (in c["out"], or its record when that folder is gone) by this
+    code (or, with REUSE_STALE, by any code: recorded in STALE), or None."""
     p, b = Path(c["out"]) / "summary.json", _bench(Path(c["out"]))
-    if not p.exists():
+    if p.exists():
+        s = json.loads(p.read_text())
+    elif record_path(c) and record_path(c).exists():
+        s = json.loads(record_path(c).read_text())
+        b = s["bench"]
+    else:
         return None
-    s = json.loads(p.read_text())
     if b is not None:                   # the config the benchmark asked for, as it asked
         if b["config"] != c:
             return None
@@ -206,6 +216,40 @@ def finished(label: str, c: dict) -> dict | None:
             return None
         STALE[label] = s.get("code") or "(before code hashes)"
     return {**s, "label": label}
+
+
+def record_path(c: dict) -> Path | None:
+    """The record of a run in the benchmarks' own store (None elsewhere: a named "out", reproduce's or a test's store)."""
+    return RECORDS / f"{Path(c['out']).name}.json" if Path(c["out"]).parent == STORE == RECORDED else None
+
+
+def keep(s: dict) -> None:
+    """Write the record of a finished store run: its summary with bench.json (the values derived from it so far kept)."""
+    p = record_path(s["bench"]["config"])
+    old = json.loads(p.read_text()) if p.exists() else {}
+    new = {k: v for k, v in s.items() if k not in ("label", "derived")}
+    if {k: v for k, v in old.items() if k != "derived"} != new:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({**new, "derived": old.get("derived", {}) if old.get("bench") == new["bench"] else {}},
+                                indent=0, sort_keys=True))
+
+
+def derived(c: dict, name: str, fn, *code):
+    """fn(c): a value computed from a finished store run's checkpoint, kept in the run's record beside the source of fn
+    and of `code` (the modules it scores with), so that a checkout without the run's folder still has it. Redone when
+    that source changes; None where it did and the checkpoint is gone, or where the run never finished."""
+    p, key = record_path(c), source_of(fn, *code)
+    rec = json.loads(p.read_text()) if p and p.exists() else None
+    d = (rec or {}).get("derived", {}).get(name)
+    if d is not None and d["code"] == key:
+        return d["value"]
+    if not (Path(c["out"]) / "ckpt" / "latest.json").exists():
+        return None
+    v = fn(c)
+    if rec is not None:
+        rec.setdefault("derived", {})[name] = {"code": key, "value": v}
+        p.write_text(json.dumps(rec, indent=0, sort_keys=True))
+    return v
 
 
 def placed(grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
@@ -226,7 +270,11 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
                for label, _ in todo}
     else:
         ran = dict(zip([label for label, _ in todo], run_grid(todo, workers, runner, fresh_process))) if todo else {}
-    return [done[label] or ran[label] for label, _ in grid]
+    out = [done[label] or ran[label] for label, _ in grid]
+    for (_, c), s in zip(grid, out):
+        if "error" not in s and "bench" in s and record_path(c):
+            keep(s)
+    return out
 
 
 def add_args(ap) -> None:

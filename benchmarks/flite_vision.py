@@ -240,6 +240,8 @@ def empty_row(key: str, part: str, errors=()) -> dict:
 
 
 def summarize(g, sums) -> dict:
+    from lightfed.models import latent
+    from lightfed.wire import quantize
     rows: dict[str, dict] = {}
     for (label, c), s in zip(g, sums):
         key, part, _ = label.split("|")
@@ -252,11 +254,11 @@ def summarize(g, sums) -> dict:
         r["seeds"].append(c["seed"])
         r["provenance"].append(common.provenance(s))          # who made this seed, and is it the code at hand
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
-        r["weight_moves"].append(weight_moves(c))
+        r["weight_moves"].append(common.derived(c, "weight_moves", weight_moves, latent))
         if key == "fedavg_int4":
-            r.setdefault("int4_internals", []).append(int4_internals(c))
+            r.setdefault("int4_internals", []).append(common.derived(c, "int4_internals", int4_internals, quantize))
         if key == "flite_fp32":
-            r.setdefault("int4_roundtrip", []).append(int4_roundtrip(c))
+            r.setdefault("int4_roundtrip", []).append(common.derived(c, "int4_roundtrip", int4_roundtrip, quantize))
         r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=run_lr(c),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
                  method_info=s.get("method_info"), wall_s=s["time"]["wall"])
@@ -447,11 +449,12 @@ def calibrate(a) -> None:
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
     if kinds - set(SWEEP):
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
+    from lightfed.models import latent
     g = common.placed(calibration_grid(a.quick, [k for k in SWEEP if k in kinds]))
     t0 = time.time()
     sums = reuse_or_run(g, a.workers, a.from_runs)
     res = [{"label": label, "lr": run_lr(c), "validation_accuracy": s.get("final"), "initial": s.get("initial"),
-            "error": s.get("error"), "weight_moves": None if "error" in s else weight_moves(c)} for (label, c), s in zip(g, sums)]
+            "error": s.get("error"), "weight_moves": None if "error" in s else common.derived(c, "weight_moves", weight_moves, latent)} for (label, c), s in zip(g, sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
     command, wall = "python benchmarks/flite_vision.py " + " ".join(sys.argv[1:]), time.time() - t0
     p = common.RESULTS / f"{name}.json"

@@ -578,3 +578,47 @@ def test_a_hostile_run_records_who_made_it_like_every_benchmark_run(tmp_path):
     b = json.loads((tmp_path / "h" / "bench.json").read_text())
     assert b == s["bench"] and b["config"] == c and b["code_used"] and common.at_hand(s)
     assert common.finished("x", c)["final"] == s["final"]        # reused as it was asked for
+
+
+def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_checkpoint(tmp_path, monkeypatch):
+    """A finished store run leaves a record (benchmarks/records/<folder>.json: its summary and bench.json); on a machine
+    without the run's folder the record is reused as the run was (same provenance), and a value derived from the
+    checkpoint (common.derived) comes from the record while the code that derived it is the same; changed, with the
+    checkpoint gone, it is None (not the old value)."""
+    import json
+    import shutil
+
+    import common
+    import torch
+    for k, v in (("STORE", tmp_path / "store"), ("RECORDED", tmp_path / "store"), ("RECORDS", tmp_path / "records")):
+        monkeypatch.setattr(common, k, v)
+    threads = torch.get_num_threads()
+    c = {"task": "synthetic", "method": "fedavg", "clients": 2, "rounds": 1, "local_steps": 1, "batch_size": 4,
+         "lr": 1e-2, "progress": False, "task_options": {"kind": "clf"}}
+    runs = []
+    monkeypatch.setattr(common, "run_grid", lambda todo, *a, **k: runs.append(todo) or [common._run_one(g) for g in todo])
+    calls = []
+
+    def norm(c):                                # a value only the checkpoint holds
+        from lightfed.engine import local
+        calls.append(1)
+        return float(sum(v.float().norm() for v in local.load_checkpoint(Path(c["out"]))[1].values()))
+    try:
+        (s,) = common.reuse_or_run([("row", c)], workers=1)
+        (_, placed), = common.placed([("row", c)])
+        rec = json.loads(common.record_path(placed).read_text())
+        assert rec["final"] == s["final"] and rec["bench"]["config"] == placed
+        v = common.derived(placed, "norm", norm)
+        assert v > 0 and common.derived(placed, "norm", norm) == v and len(calls) == 1     # computed once, kept
+        shutil.rmtree(placed["out"])                                  # another machine: the record only
+        (again,) = common.reuse_or_run([("row", c)], workers=1)
+        assert len(runs) == 1 and again["final"] == s["final"] and common.provenance(again)["at_hand"]
+        assert common.derived(placed, "norm", norm) == v and len(calls) == 1
+        assert common.derived(placed, "norm", lambda c: norm(c) + 1) is None              # other code, no checkpoint
+        (_, other), = common.placed([("row", {**c, "lr": 2e-2})])
+        assert common.finished("row", other) is None and common.derived(other, "norm", norm) is None
+        monkeypatch.setattr(common, "STORE", tmp_path / "elsewhere")   # another store (reproduce's): no record read
+        (_, there), = common.placed([("row", c)])
+        assert common.record_path(there) is None and common.finished("row", there) is None
+    finally:
+        torch.set_num_threads(threads)
