@@ -234,20 +234,21 @@ def keep(s: dict) -> None:
                                 indent=0, sort_keys=True))
 
 
-def derived(c: dict, name: str, fn, *code):
+def derived(c: dict, name: str, fn, *code, key=None):
     """fn(c): a value computed from a finished store run's checkpoint, kept in the run's record beside the source of fn
-    and of `code` (the modules it scores with), so that a checkout without the run's folder still has it. Redone when
-    that source changes; None where it did and the checkpoint is gone, or where the run never finished."""
-    p, key = record_path(c), source_of(fn, *code)
+    and of `code` (the modules it scores with) and `key` (what else it depends on: an evaluation's size), so that a
+    checkout without the run's folder still has it. Redone when they change; None where they did and the checkpoint
+    is gone, or where the run never finished (a None value is not kept)."""
+    p, code = record_path(c), source_of(fn, *code)
     rec = json.loads(p.read_text()) if p and p.exists() else None
     d = (rec or {}).get("derived", {}).get(name)
-    if d is not None and d["code"] == key:
+    if d is not None and d["code"] == code and d.get("key") == key:
         return d["value"]
     if not (Path(c["out"]) / "ckpt" / "latest.json").exists():
         return None
     v = fn(c)
-    if rec is not None:
-        rec.setdefault("derived", {})[name] = {"code": key, "value": v}
+    if rec is not None and v is not None:
+        rec.setdefault("derived", {})[name] = {"code": code, "key": key, "value": v}
         p.write_text(json.dumps(rec, indent=0, sort_keys=True))
     return v
 
@@ -259,11 +260,14 @@ def placed(grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 
 def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False, runner=None,
-                 fresh_process: bool = False) -> list[dict]:
+                 fresh_process: bool = False, only=None) -> list[dict]:
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
-    as not run. runner / fresh_process: as run_grid's."""
+    as not run; only (a set of labels): only those may run. runner / fresh_process: as run_grid's."""
     grid = placed(grid)
     done = {label: finished(label, c) for label, c in grid}
+    for label, _ in grid:
+        if done[label] is None and only is not None and label not in only:
+            done[label] = {"label": label, "error": "not run: not asked for by this command, and not in the store"}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:
         ran = {label: {"label": label, "error": "not run: the grid was stopped before it (or its run is stale)"}

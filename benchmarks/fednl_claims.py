@@ -26,6 +26,7 @@ Every accuracy figure is the mean and spread over the seeds given (3 for a claim
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shlex
@@ -43,6 +44,7 @@ import fednl_retrieval as R  # noqa: E402
 
 WINDOW = 512            # attention window of the streaming setting (tokens)
 FROM_RUNS = False       # --from-runs: run nothing, report the grid's finished runs
+ONLY = None             # --methods: the rows of the ce and trivia grids this command may run (the others: from the store)
 # trivia: the four domains with enough questions to hold out 500 each (one question = 0.2 pp, under the house's 0.25;
 # geography has 445 in all, science_tech 282), a client each, every domain judged on the same number of questions
 TRIVIA_DOMAINS = "arts_entertainment,general_history,sports,video_games"
@@ -149,9 +151,10 @@ def grid(size, task, task_options, clients, seeds, methods, tag, workers):
     for seed in seeds:
         for label, method, opts in methods:
             c = {**base_run(size, task, task_options, clients, seed), **size.get(f"{tag}_run", {})}
-            c.update(method=method, method_options=opts, **ROW_RUN.get(label, {}), out=str(Path("runs") / "fednl_claims" / f"{tag}-{method}-{label}-s{seed}".replace(" ", "_")))
+            c.update(method=method, method_options=opts, **ROW_RUN.get(label, {}))
             g.append((f"{tag} {label} s{seed}", c))
-    return g, common.reuse_or_run(g, workers, FROM_RUNS)
+    g = common.placed(g)
+    return g, common.reuse_or_run(g, workers, FROM_RUNS, only=ONLY and {x for x, _ in g if x.split(" ", 1)[1].rsplit(" s", 1)[0] in ONLY})
 
 
 def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
@@ -162,31 +165,28 @@ def ce_curve(model, ids, bucket: int, carry: bool = True) -> list[float]:
 CE_METHODS = ("FedNL", "FedNL, its own lr", "FedAvg+LoRA")
 
 
-def part_ce(size: dict, seeds, workers, prior: dict | None = None) -> dict:
-    """prior: the ce part stored before; its curves and runs join this grid's where the setting is the same (the rows
-    or seeds this command does not run; a curve this command makes replaces the stored one)."""
+def part_ce(size: dict, seeds, workers) -> dict:
     import torch
     from lightfed.models import backbones
     torch.set_num_threads(2)
     to = {**size["austen"], "window": WINDOW}
     g, sums = grid(size, "austen", to, 6, seeds, [m for m in METHODS if m[0] in CE_METHODS], "austen", workers)
     setting = {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "train_block_len": to["block_len"]}
-    same = prior and {k: prior.get(k) for k in setting} == setting
     ids = R.heldout_austen_ids(size["ce_tokens"])
-    curves = dict(prior["curves"]) if same else {}
-    if "frozen backbone" not in curves:
-        curves["frozen backbone"] = ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"])
-    runs = {r["label"]: r for r in (prior.get("runs", []) if same else [])}
-    for (label, _), s in zip(g, sums):
+    curves = {"frozen backbone": R.cached(R.RUNS / "backbone-austen-ce.json", {**setting, "code": common.code()},
+                                          lambda: ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"]))}
+    runs = {}
+    for (label, c), s in zip(g, sums):
         if "error" not in s:
-            model = R.final_model(s, "fp32")
-            curves[label] = ce_curve(model, ids, size["ce_bucket"])
+            model = functools.cache(lambda c=c: R.final_model(c, "fp32"))
+            curves[label] = R.evaluated(c, "ce-austen", lambda: ce_curve(model(), ids, size["ce_bucket"]), **setting)
             if s["method"] == "fednl":     # ablation: the same trained model, its memory emptied at every chunk
-                curves[label + ", memory reset per chunk"] = ce_curve(model, ids, size["ce_bucket"], carry=False)
-        if "error" not in s or label not in runs:
-            runs[label] = {"label": label, "final_perplexity": s.get("final"), "initial": s.get("initial"),
-                           "bytes": s.get("bytes"), "lr": s.get("config", {}).get("lr"),
-                           "lr_decay": s.get("config", {}).get("lr_decay"), **({"error": s["error"]} if "error" in s else {})}
+                curves[label + ", memory reset per chunk"] = R.evaluated(
+                    c, "ce-austen-reset", lambda: ce_curve(model(), ids, size["ce_bucket"], carry=False), **setting)
+        runs[label] = {"label": label, "final_perplexity": s.get("final"), "initial": s.get("initial"),
+                       "bytes": s.get("bytes"), "lr": (s.get("config") or {}).get("lr") or next(iter((s.get("lr") or {}).values()), None),
+                       "lr_decay": c.get("lr_decay", "none"),
+                       **({"error": s["error"]} if "error" in s else {})}
     trend = {k: v[-1] / v[0] - 1 for k, v in curves.items()}
     return {**setting, "curves": curves, "trend_last_vs_first": trend, "runs": list(runs.values())}
 
@@ -205,33 +205,27 @@ def personalised(method: str) -> bool:
     return bool(REGISTRY[method].personalised)
 
 
-def slim(s: dict, ref: dict | None) -> dict:
-    """What the trivia tables need of one finished run, kept in the results (a later command adds seeds to them): its
-    scores, and a baseline's own mechanism at work (fednl_retrieval.INTERNALS) with the relative distance of its final
-    adapters from FedAvg+LoRA's (ref: that run, same seed)."""
+def slim(c: dict, s: dict, ref: dict | None) -> dict:
+    """What the trivia tables need of one finished run (config c): its scores, and a baseline's own mechanism at work
+    (fednl_retrieval.INTERNALS) with the relative distance of its final adapters from FedAvg+LoRA's (ref: that run's
+    config, same seed), these two kept in the run's record."""
     opts = s["config"].get("method_options") or {}
     slug = "fedprox" if s["method"] == "lora" and opts.get("mu") else s["method"]
+    mine = slug in R.INTERNALS
     return {"method": s["method"], "seed": s["config"]["seed"], "code": s.get("code"), "final": s["final"],
             "initial": s["initial"], "per_domain": s.get("per_domain"), "per_client": s.get("per_client"),
             "up": s["bytes"]["up_per_client_round"],
-            "internals": R.internals(s, slug) if slug in R.INTERNALS else None,
-            "distance_from_fedavg_lora": R.adapter_distance(s, ref) if ref and slug in R.INTERNALS else None}
+            "internals": common.derived(c, "internals", lambda c: R.internals(c, slug)) if mine else None,
+            "distance_from_fedavg_lora": common.derived(c, "distance_from_fedavg_lora", lambda c: R.adapter_distance(
+                c, ref), key=Path(ref["out"]).name) if ref and mine else None}
 
 
-def part_trivia(size, seeds, workers, prior: dict | None = None) -> dict:
-    """prior: the trivia part stored before; its runs join this grid's where the setting is the same (the runs of
-    other seeds, or of this grid's that did not finish now)."""
+def part_trivia(size, seeds, workers) -> dict:
     clients = len(size["trivia"]["domains"].split(",")) if "domains" in size["trivia"] else 5     # one per domain
     g, sums = grid(size, "trivia", size["trivia"], clients, seeds, METHODS, "trivia", workers)
-    same = prior and (prior.get("task_options"), prior.get("run", {})) == (size["trivia"], size.get("trivia_run", {}))
-    runs = dict(prior.get("runs", {})) if same else {}
-    lora = {s["config"]["seed"]: s for s in sums if "error" not in s and s["method"] == "lora"
+    lora = {c["seed"]: c for (_, c), s in zip(g, sums) if "error" not in s and s["method"] == "lora"
             and not (s["config"].get("method_options") or {}).get("mu")}
-    for (label, _), s in zip(g, sums):
-        if "error" not in s:
-            runs[label] = slim(s, lora.get(s["config"]["seed"]))
-        elif label not in runs:
-            runs[label] = s
+    runs = {label: s if "error" in s else slim(c, s, lora.get(c["seed"])) for (label, c), s in zip(g, sums)}
     keep = [m[0] for m in METHODS]
     by = {}
     for label, s in sorted(runs.items(), key=lambda kv: int(kv[0].rsplit(" s", 1)[1])):
@@ -274,7 +268,8 @@ def part_trivia(size, seeds, workers, prior: dict | None = None) -> dict:
                      "errors": [s["error"] for s in ss if "error" in s]}
     res = {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out, "runs": runs}
     if not size.get("trivia_run", {}).get("eval_start", True):
-        res["backbone"] = prior["backbone"] if same and prior.get("backbone") else backbone_trivia(size)
+        res["backbone"] = R.cached(R.RUNS / "backbone-trivia.json", {"task": size["trivia"], "code": common.code()},
+                                   lambda: backbone_trivia(size))
     return res
 
 
@@ -356,8 +351,8 @@ def markdown(res: dict) -> str:
         L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
         mean_rel = by_method({k: float(np.mean([a / b for a, b in zip(v, fz)])) for k, v in c["curves"].items()}) if fz else {}
         for fednl in [k for k in ("FedNL", "FedNL, its own lr") if k in g]:
-            lr = {r["lr"] for r in c["runs"] if model_of(r["label"]) == fednl and r.get("lr")}
-            L += ["", f"**{fednl}**" + (f" (lr {', '.join(f'{x:g}' for x in sorted(lr))})" if lr else "") + ":"]
+            lr = {(r["lr"], r.get("lr_decay", "?")) for r in c["runs"] if model_of(r["label"]) == fednl and r.get("lr")}
+            L += ["", f"**{fednl}**" + (f" (lr {', '.join(f'{x:g} {d}' for x, d in sorted(lr))})" if lr else "") + ":"]
             if "FedAvg+LoRA" in g:
                 L += [f"- its CE trend below FedAvg+LoRA's (the paper: -2.1% vs +3.1%): **{verdict(g[fednl], g['FedAvg+LoRA'], True)}**."]
             reset = f"{fednl}, memory reset per chunk"
@@ -472,14 +467,15 @@ def main():
     ap.add_argument("--size", default="cpu", choices=sorted(SIZES))
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--name", default="fednl_claims")
-    ap.add_argument("--methods", default="", help="';'-separated labels of METHODS to run in ce/trivia (default: all; labels hold commas)")
+    ap.add_argument("--methods", default="", help="';'-separated labels of METHODS to run in ce/trivia (default: all; labels "
+                    "hold commas); the grid's other rows come from the store, or are reported not run")
     ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
     ap.add_argument("--golds", action="store_true", help="templates: also score the golds found (RULER's string-match-"
                     "all), kept beside each model; from the same forward as exact match where that is not on disk yet")
     ap.add_argument("--rows", default="", help="passkey, templates, recipe: ';'-separated row labels to train (default: "
-                    "all; the stored part's other rows are kept), e.g. 'FedNL;FedAvg+LoRA, windowed'")
+                    "all; the grid's other rows come from the store, or are reported not run), e.g. 'FedNL;FedAvg+LoRA, windowed'")
     common.add_args(ap)
     a = ap.parse_args()
     common.configure(a)
@@ -498,37 +494,34 @@ def main():
         bad = [m for m in keep if m not in [x[0] for x in METHODS]]
         if bad:
             raise SystemExit(f"--methods: unknown {bad}; labels: {[x[0] for x in METHODS]}")
-        METHODS[:] = [m for m in METHODS if m[0] in keep]
+        global ONLY
+        ONLY = set(keep)
     global FROM_RUNS
     FROM_RUNS = a.from_runs
     size, seeds = SIZES[a.size], [int(s) for s in a.seeds.split(",")]
     path = RESULTS / f"{a.name}.json"
     res = json.loads(path.read_text()) if path.exists() else {}     # parts run separately add up in one file
-    prior = dict(res)
     for k in ("size", "seeds"):                  # per part now: the last command's were misleading for the others
         res.pop(k, None)
     res.update(meta=meta("python benchmarks/fednl_claims.py " + shlex.join(sys.argv[1:])))
     for p in parts:
         t = time.time()
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers,
-                                                  set(a.rows.split(";")) if a.rows else None, prior.get("recipe")),
+                                                  set(a.rows.split(";")) if a.rows else None),
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
                                                       set(a.rows.split(";")) if a.rows else None,
                                                       [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None,
                                                       a.from_runs),
                   "templates": lambda: R.part_templates(a.size if a.size in R.TEMPLATES_SIZES else "cpu", seeds, a.workers, RECIPE,
                                                         set(a.rows.split(";")) if a.rows else None, a.from_runs, a.golds),
-                  "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers, prior.get("ce")),
-                  "trivia": lambda: part_trivia(size, seeds, a.workers, prior.get("trivia"))}[p]()
-        merged = p == "passkey" and a.rows and "passkey" in prior    # rows run alone join the grid collected before
-        if merged:
-            res[p] = R.merge(prior[p], res[p])
+                  "bytes": lambda: part_bytes(size), "memory": lambda: part_memory(size), "ce": lambda: part_ce(size, seeds, a.workers),
+                  "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":
             res["retrieval"], res["retrieval_judged"] = res[p]["retrieval"], res[p]["retrieval_judged"]
         res[p]["seconds"] = time.time() - t
         if p in ("bytes", "memory", "ce", "trivia"):
             res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part
-        res[p]["command"] = (prior[p]["command"] + "; then " if merged else "") + res["meta"]["command"]
+        res[p]["command"] = res["meta"]["command"]
         if common.STALE:                         # runs made by other code, reused (--reuse-stale): known only now
             res["meta"]["stale_runs_reused"] = dict(common.STALE)
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)

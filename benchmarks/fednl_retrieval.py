@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from common import pm, pyplot, records, reuse_or_run, save, source_of, verdict, why, wilson  # noqa: E402
 from lightfed.data.passkey import needle_alone, needle_moved  # noqa: E402  (WHY's stream edits)
 
@@ -65,7 +66,6 @@ RECIPE = [
     ("5 layers spread evenly, gate 0, curriculum 2 -> 4 -> 8 chunks", {"layers": "auto", "n_layers": 5},
      {"train_chunks": 8, "curriculum": "2,4,8"}),
 ]
-RECIPE_ORDER = RECIPE[:6] + [RECIPE[8], RECIPE[6], RECIPE[7]] + RECIPE[9:]   # the order rows were added in (their folders)
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
             "ce_tokens": 16384, "ce_bucket": 1024, "judge": JUDGE,
@@ -94,14 +94,9 @@ CONTROLLED = {name for name, *_, ctl in FEDNL_ROWS if ctl}
 
 
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
-    out = []
-    for label, mo, to in rows:
-        i = [r[0] for r in RECIPE_ORDER].index(label)                 # the row's folder: fixed by when it was added
-        c = {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, "lr_decay": "none", **size["recipe"],
-             "eval_every": size["recipe"]["rounds"], "method_options": mo, "task_options": {**size["recipe_task"], **to},
-             "out": str(RUNS / size.get("runs", "") / f"recipe-{i:02d}")}
-        out.append((label, c))
-    return out
+    return common.placed([(label, {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, "lr_decay": "none",
+                                   **size["recipe"], "eval_every": size["recipe"]["rounds"], "method_options": mo,
+                                   "task_options": {**size["recipe_task"], **to}}) for label, mo, to in rows])
 
 
 def step_costs(size: dict) -> dict:
@@ -144,38 +139,33 @@ def _plain_loss(model, b):
     return F.cross_entropy(model.lm_head(h[:, :-1][sel]).float(), b["input_ids"][:, 1:][sel])
 
 
-def part_recipe(size_name: str, workers: int, labels: set[str] | None = None, prior: dict | None = None) -> dict:
-    """labels: the rows to run (default: all); the stored part's other rows (prior, same setting) are kept, in RECIPE's
-    order, with its step costs (measured again only when every row runs)."""
+def part_recipe(size_name: str, workers: int, labels: set[str] | None = None) -> dict:
+    """labels: the rows this command may run (default: all); every row of RECIPE is reported, from the store."""
     size = SIZES[size_name]
     bad = sorted((labels or set()) - {r[0] for r in RECIPE})
     if bad:
         raise ValueError(f"recipe: unknown rows {bad}; rows: {[r[0] for r in RECIPE]}")
-    grid = recipe_grid(size, [r for r in RECIPE if labels is None or r[0] in labels])
-    setting = {"size": size_name, **size["recipe"], "task": size["recipe_task"]}
-    stored = {r["label"]: r for r in prior["rows"]} if prior and labels and prior.get("setting") == setting else {}
-    sums = reuse_or_run(grid, workers)
+    grid = recipe_grid(size)
+    sums = reuse_or_run(grid, workers, only=labels)
     rows = []
     for (label, c), s in zip(grid, sums):
         if "error" in s:
             rows.append({"label": label, "error": s["error"]})
             continue
-        recs = records(s["out"])
-        steps = sum(cl["steps"] for r in recs[1:] for cl in r["clients"])
+        loss = common.derived(c, "train_loss", lambda c: [cl["train_loss"] for r in records(c["out"])[1:] for cl in r["clients"]])
+        steps = common.derived(c, "steps", lambda c: sum(cl["steps"] for r in records(c["out"])[1:] for cl in r["clients"]))
         cells = s["cells"]["passkey"]
         out_q = [v for k, v in cells.items() if not k.endswith("/1")]
         rows.append({"label": label, "options": c["method_options"], "task_options": c["task_options"], "steps": steps,
-                     "s_per_step": s["time"]["client_compute"] / steps, "cells": cells,
+                     "s_per_step": s["time"]["client_compute"] / steps if steps else None, "cells": cells,
                      "outside_question_chunk": float(np.mean(out_q)), "initial": s["initial"], "final": s["final"],
-                     "train_loss": [cl["train_loss"] for r in recs[1:] for cl in r["clients"]]})
-    made = {r["label"]: r for r in rows}
-    rows = [made.get(label) or stored[label] for label, *_ in RECIPE if label in made or label in stored]
-    costs = prior["costs"] if stored else step_costs(size)
-    return {"rows": rows, "costs": costs, "setting": setting}
+                     "train_loss": loss})
+    return {"rows": rows, "costs": step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
 
 
 def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = None, baseline_seeds=None) -> list[tuple[str, dict]]:
-    """FedNL over `seeds`; the baselines over `baseline_seeds` (default: the same); `methods`: the row labels kept."""
+    """FedNL over `seeds`; the baselines over `baseline_seeds` (default: the same); `methods`: the row labels kept.
+    Every run in the store (common.placed)."""
     fed = {**BASE, "clients": 4, "fraction": 0.5, "rounds": size["rounds"], "local_steps": size["local_steps"],
            "eval_every": size["rounds"], "partition": "iid"}
     g = []
@@ -183,48 +173,15 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
         for name, decay, slug, extra, mo, _ in FEDNL_ROWS:
             if methods is None or name in methods:
                 g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": {**recipe, **mo},
-                                              "lr_decay": decay, "task_options": {**size["task"], **extra},
-                                              "out": str(RUNS / size.get("runs", "") / f"{slug}-s{seed}")}))
+                                              "lr_decay": decay, "task_options": {**size["task"], **extra}}))
         for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"
                 if methods is not None and name not in methods:
                     continue
                 g.append((f"{name} s{seed}", {**fed, "method": m, "seed": seed, "lr": LORA_LR, "method_options": mo,
-                                               "task_options": {**size["task"], "window": window},
-                                               "out": str(RUNS / size.get("runs", "") / f"{slug}-{window}-s{seed}")}))
-    return g
-
-
-def merge(old: dict, new: dict) -> dict:
-    """The part collected before with the rows run now (--rows) put in, seed by seed: a row's seeds made now replace
-    those stored, its stored seeds this command did not make (their runs gone or not asked for) stay beside them, with
-    their CE curves; every other row kept."""
-    rows, curves = {**old["rows"]}, {**old["ce"]["curves"]}
-    for name, r in new["rows"].items():
-        o = old["rows"].get(name)
-        if not o or o["seeds"] == ["-"] or r["seeds"] == ["-"]:
-            rows[name] = r
-            if name in new["ce"]["curves"]:
-                curves[name] = new["ce"]["curves"][name]
-            continue
-        keep = [i for i, seed in enumerate(o["seeds"]) if seed not in r["seeds"]]
-        m = {**o, **r, "seeds": [o["seeds"][i] for i in keep] + r["seeds"], "cells": [o["cells"][i] for i in keep] + r["cells"]}
-        for key in ("judged", "why", "ce_bounded"):     # {seed: ...}: the seeds made now replace theirs, the others stay
-            if key in o or key in r:
-                m[key] = {**{k: v for k, v in o.get(key, {}).items() if int(k) not in r["seeds"]}, **r.get(key, {})}
-        if "internals" in o or "internals" in r:
-            m["internals"] = [o["internals"][i] for i in keep if "internals" in o] + r.get("internals", [])
-        rows[name] = m
-        if name in new["ce"]["curves"] or name in old["ce"]["curves"]:    # a controlled row: one curve per seed, in its order
-            curves[name] = [old["ce"]["curves"][name][i] for i in keep if name in old["ce"]["curves"]] + new["ce"]["curves"].get(name, [])
-    lengths = [int(x) for x in new["setting"]["task"]["lengths"].split(",")]
-    retrieval = grid_retrieval({name: rows[name] for name in new["rows"]}, lengths)
-    out = {**new, "rows": rows, "retrieval": {**old["retrieval"], **retrieval}, "retrieval_judged": judged_retrieval(rows)}
-    out["ce"] = {**new["ce"], "curves": curves, "trend_last_vs_first": trends(curves)}
-    ib = new["inference_bytes"]
-    out["inference_bytes"] = {**ib, "fednl_state_fp32": ib["fednl_state_fp32"] or old["inference_bytes"]["fednl_state_fp32"]}
-    return out
+                                               "task_options": {**size["task"], "window": window}}))
+    return common.placed(g)
 
 
 def add_run(rows: dict, name: str, c: dict, s: dict, cells) -> dict | None:
@@ -270,6 +227,13 @@ def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(json.dumps(got[i]))
     return [g["value"] for g in got]
+
+
+def evaluated(c: dict, name: str, fn, **key):
+    """fn(): an evaluation of the finished store run c, kept in its record (common.derived) beside the evaluator's code
+    and `key` (the evaluation's task and size): redone when either changes, read from the record where the run's
+    folder is gone."""
+    return common.derived(c, name, lambda c: fn(), key={**key, "evaluator": evaluator()})
 
 
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> dict:
@@ -363,12 +327,16 @@ def judged_retrieval(rows: dict) -> dict:
 
 def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: set[str] | None = None,
                    baseline_seeds=None, from_runs: bool = False) -> dict:
+    """methods: the rows this command may run (default: all); the report holds every row of the grid, from the store."""
     import torch
     from lightfed.models import backbones, delta_memory
     torch.set_num_threads(workers)
     size = SIZES[size_name]
-    grid = retrieval_grid(size, seeds, recipe, methods, baseline_seeds)
-    sums = reuse_or_run(grid, workers, from_runs)
+    grid = retrieval_grid(size, seeds, recipe, None, baseline_seeds)
+    sums = reuse_or_run(grid, workers, from_runs, only=None if methods is None else
+                        {label for label, _ in grid if label.rsplit(" s", 1)[0] in methods})
+    slugs = {name: slug for name, _, slug, *_ in FEDNL_ROWS} | {f"{label}, {w}": slug for label, _, _, slug in BASELINES
+                                                                 for w in ("windowed", "full attention")}
     rows: dict[str, dict] = {}
     ce: dict[str, list] = {}
     for (label, c), s in zip(grid, sums):
@@ -378,44 +346,42 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             continue
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
         r.setdefault("trainable", s["trainable_params"])
-        slug = Path(c["out"]).name.split("-")[0]
-        if slug in INTERNALS:
-            r.setdefault("internals", []).append(internals(s, slug))
+        if slugs[name] in INTERNALS:
+            r.setdefault("internals", []).append(common.derived(c, "internals", lambda c, k=slugs[name]: internals(c, k)))
         if name in CONTROLLED:              # the control: the same trained model, its memory emptied at every chunk
-            out, key = Path(s["out"]), {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": s.get("code")}
-            model = functools.cache(lambda s=s: final_model(s))   # loaded once, only if an evaluation is not on disk
-            rr = add_run(rows, f"{name}, memory reset per chunk", c, s, lambda s: cached(
-                out / "eval-reset.json", key, lambda: evaluate_model(model(), size["task"], UNIT, reset=True)))
+            key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]]}
+            model = functools.cache(lambda c=c: final_model(c))   # loaded once, only if an evaluation is not kept
+            ev = functools.partial(evaluated, c)
+            rr = add_run(rows, f"{name}, memory reset per chunk", c, s,
+                         lambda s: ev("eval-reset", lambda: evaluate_model(model(), size["task"], UNIT, reset=True), **key))
             if name == "FedNL":         # the row the targets name: their own test set, and why its score at 4 chunks
-                jkey = {"task": size["judge"], "code": s.get("code")}
-                for row, reset, f in ((rows[name], False, "eval-judge.json"), (rr, True, "eval-judge-reset.json")):
-                    row.setdefault("judged", {})[str(c["seed"])] = cached(
-                        out / f, jkey, lambda reset=reset: evaluate_model(model(), size["judge"], UNIT, reset=reset))
+                for row, reset, f in ((rows[name], False, "eval-judge"), (rr, True, "eval-judge-reset")):
+                    row.setdefault("judged", {})[str(c["seed"])] = ev(
+                        f, lambda reset=reset: evaluate_model(model(), size["judge"], UNIT, reset=reset), task=size["judge"])
                 wtask = {**size["judge"], "lengths": size["judge"]["lengths"].split(",")[0]}
-                rows[name].setdefault("why", {})[str(c["seed"])] = cached(
-                    out / "eval-judge-why.json", {"task": wtask, "edits": list(WHY), "code": s.get("code")},
-                    lambda: {k: evaluate_model(model(), wtask, UNIT, edit=f) for k, f in WHY.items()})
-            rows[name]["state_bytes"] = cached(out / "state-bytes.json", key, lambda: sum(
-                b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(model())))
-            ce.setdefault(name, []).append(cached(out / "ce-carry.json", key, lambda: ce_curve(model(), size, carry=True)))
+                rows[name].setdefault("why", {})[str(c["seed"])] = ev(
+                    "eval-judge-why", lambda: {k: evaluate_model(model(), wtask, UNIT, edit=f) for k, f in WHY.items()},
+                    task=wtask, edits=list(WHY))
+            rows[name]["state_bytes"] = ev("state-bytes", lambda: sum(
+                b.Hkv * b.dh * b.dh * 4 for b in delta_memory.branches(model())), **key)
+            ce.setdefault(name, []).append(ev("ce-carry", lambda: ce_curve(model(), size, carry=True), **key))
             ce.setdefault(f"{name}, memory reset per chunk", []).append(
-                cached(out / "ce-reset.json", key, lambda: ce_curve(model(), size, carry=False)))
+                ev("ce-reset", lambda: ce_curve(model(), size, carry=False), **key))
             k = c["task_options"]["train_chunks"]     # why its CE trend: the memory never holding more than it trained on
-            rows[name].setdefault("ce_bounded", {})[str(c["seed"])] = {"reset_every": k, "curve": cached(
-                out / "ce-bounded.json", {**key, "reset_every": k}, lambda: ce_curve(model(), size, True, k))}
+            rows[name].setdefault("ce_bounded", {})[str(c["seed"])] = {"reset_every": k, "curve": ev(
+                "ce-bounded", lambda: ce_curve(model(), size, True, k), **key, reset_every=k)}
     by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
     for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
         name, seed = label.rsplit(" s", 1)
         base, setting = name.rsplit(", ", 1) if ", " in name else (name, "")
         ref = by_label.get(f"FedAvg+LoRA, {setting} s{seed}")
         if ref is not None and base != "FedAvg+LoRA" and sm["config"]["method"] != "fednl":
-            rows[name].setdefault("distance_from_fedavg_lora", []).append(adapter_distance(sm, ref))
+            rows[name].setdefault("distance_from_fedavg_lora", []).append(common.derived(
+                sm["bench"]["config"], "distance_from_fedavg_lora", lambda c: adapter_distance(c, ref), key=Path(ref["out"]).name))
     from lightfed.engine.files import source_hash
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "")
     key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": source_hash()}
     for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
-        if methods is not None and name not in methods:     # the controls' rows are evaluated when selected (or all)
-            continue
         if window:
             ce[name] = [cached(where / "backbone-ce.json", key, lambda: ce_curve(back, size, carry=True))]
         cells = cached(where / f"backbone-{window}.json", key, lambda: evaluate_model(back, size["task"], window))
@@ -717,7 +683,6 @@ def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None
     names = sorted(passkey.TEMPLATES7)
     fed = {**BASE, "clients": len(names), "fraction": size["per_round"] / len(names), "partition": "domain",
            "rounds": size["rounds"], "local_steps": size["local_steps"], "eval_every": size["rounds"]}
-    where = RUNS / size.get("runs", "") / "templates"
     g = []
     for seed in seeds:
         for name, c in (("FedNL", {"method": "fednl", "lr_decay": "cosine", "method_options": recipe,
@@ -727,9 +692,8 @@ def templates_grid(size: dict, seeds, recipe: dict, rows: set[str] | None = None
                         ("FedALA (p = every layer), full attention", {"method": "fedala", "lr": LORA_LR, "method_options": {"top": 0},
                                                                       "task_options": {**size["task"], "window": 0}})):
             if rows is None or name in rows:
-                slug = name.split(",")[0].split(" ")[0].lower() + ("-unseen" if "unseen" in name else "")
-                g.append((f"{name} s{seed}", {**fed, **c, "seed": seed, "out": str(where / f"{slug}-s{seed}")}))
-    return g
+                g.append((f"{name} s{seed}", {**fed, **c, "seed": seed}))
+    return common.placed(g)
 
 
 def template_scores(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> tuple[dict, dict]:
@@ -759,8 +723,9 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
     from lightfed.models import backbones
     torch.set_num_threads(workers)
     size = TEMPLATES_SIZES[size_name]
-    grid = templates_grid(size, seeds, recipe, rows)
-    sums = reuse_or_run(grid, workers, from_runs)
+    grid = templates_grid(size, seeds, recipe)
+    sums = reuse_or_run(grid, workers, from_runs, only=None if rows is None else
+                        {label for label, _ in grid if label.rsplit(" s", 1)[0] in rows})
     out: dict[str, dict] = {}
     for (label, c), s in zip(grid, sums):
         name = label.rsplit(" s", 1)[0]
@@ -768,15 +733,14 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
         if r is None:
             continue
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
-        key, window = {"task": size["task"], "code": s.get("code")}, c["task_options"]["window"]
         if golds:
-            r.setdefault("gold_cells", []).append(cached(Path(s["out"]) / "eval-golds.json", key, lambda s=s, w=window: template_cells(
-                final_model(s), size["task"], w, golds=True)))
-        if name == "FedNL":
+            r.setdefault("gold_cells", []).append(evaluated(c, "eval-golds", lambda c=c: template_cells(
+                final_model(c), size["task"], c["task_options"]["window"], golds=True), task=size["task"]))
+        if name == "FedNL":             # exact match and golds found from one pass, both kept
+            got = evaluated(c, "eval-reset", lambda c=c: template_scores(final_model(c), size["task"], TUNIT, reset=True),
+                            task=size["task"])
             rr = out.setdefault("FedNL, memory reset per chunk", {"seeds": [], "cells": [], "errors": []})
             rr["seeds"].append(c["seed"])
-            got = cached_pair((Path(s["out"]) / "eval-reset.json", Path(s["out"]) / "eval-golds-reset.json" if golds else None),
-                              key, lambda s=s: template_scores(final_model(s), size["task"], TUNIT, reset=True))
             rr["cells"].append(got[0])
             if golds:
                 rr.setdefault("gold_cells", []).append(got[1])

@@ -3,13 +3,14 @@ and sent; see benchmarks/results/flite_ablation.md) against full-weight FedAvg f
 Dirichlet(0.1); and, on one seed, the other payload methods for the Pareto of accuracy against bytes.
 
     python benchmarks/flite_claims.py                         # sentiment, fmnist, austen: 3 seeds each
-    python benchmarks/flite_claims.py --tasks sentiment       # one task (it adds up with the file's other tasks)
-    python benchmarks/flite_claims.py --baselines             # + VeRA, LoRA, top-k, PowerSGD, FedAvg int4, the
-                                                              #   paper's FLITE map: one seed, sentiment IID
+    python benchmarks/flite_claims.py --tasks sentiment       # run one task's grid (the file reports every task's,
+                                                              #   from the run store and its records)
+    python benchmarks/flite_claims.py --baselines             # also run VeRA, LoRA, top-k, PowerSGD, FedAvg int4,
+                                                              #   the paper's FLITE map: one seed, sentiment IID
     python benchmarks/flite_claims.py --from-runs             # run nothing: report the runs that finished
     python benchmarks/flite_claims.py --quick                 # smoke test at tiny sizes (minutes)
 
-Runs that finished with the same config (runs/bench-flite_claims/...) are reused, so a grid stopped by a time
+Runs that finished with the same config (the run store, common.py) are reused, so a grid stopped by a time
 limit goes on where it stopped. Accuracy is that of the model the clients receive (after the codec); bytes are
 len() of the encoded messages, per client per round, both directions. Claims ("met" only where the 3 seeds'
 ranges separate the claimed way, see common.verdict):
@@ -59,14 +60,12 @@ BASELINES = [
     ("FedAvg int4", "fedavg", {"codec": "int4"}, {}),
 ]
 OWN_LR = {"flite": 1e-2, "vera": 5e-3}          # their recommended lrs (methods/flite.py, vera.py), set explicitly
-RUNS = Path("runs/bench-flite_claims")
 LOWER_IS_BETTER = {"austen"}
 CHANCE = 0.5                                     # sentiment: 2 classes
 
 
 def grid_for(tasks: list[str], seeds: list[int], quick: bool, baselines: bool) -> list[tuple[str, dict]]:
-    """[(label "task | partition | method | s<seed>", config)]"""
-    runs = RUNS.with_name(RUNS.name + "_quick") if quick else RUNS
+    """[(label "task | partition | method | s<seed>", config)]: every run in the store."""
     grid = []
     for t in tasks:
         base = {**TASKS[t], "progress": False}
@@ -77,16 +76,15 @@ def grid_for(tasks: list[str], seeds: list[int], quick: bool, baselines: bool) -
                 for s in seeds:
                     grid.append((f"{t} | {part} | {label} | s{s}",
                                  {**base, "method": m, "method_options": opts, "partition": part, "seed": s,
-                                  "lr": OWN_LR.get(m, base["lr"]), "out": str(runs / f"{t}-{part.replace(':', '')}-{m}-s{s}")}))
+                                  "lr": OWN_LR.get(m, base["lr"])}))
     if baselines and "sentiment" in tasks:
         base = {**TASKS["sentiment"], "progress": False, "rounds": BASELINE_ROUNDS, "partition": "iid", "seed": seeds[0]}
         if quick:
             base = {**base, **QUICK["sentiment"], "task_options": {**TASKS["sentiment"]["task_options"],
                                                                    **QUICK["sentiment"]["task_options"]}}
         ref = [("FLITE", "flite", {}, {}), ("FedAvg fp32", "fedavg", {}, {})]   # the same rounds, side by side
-        for i, (label, m, opts, extra) in enumerate(ref + BASELINES):
-            c = {**base, "method": m, "method_options": opts, "lr": OWN_LR.get(m, base["lr"]),
-                 "out": str(runs / f"pareto-{i:02d}-{m}-s{seeds[0]}")}
+        for label, m, opts, extra in ref + BASELINES:
+            c = {**base, "method": m, "method_options": opts, "lr": OWN_LR.get(m, base["lr"])}
             if "lr_times" in extra:
                 c["lr"] = base["lr"] * extra["lr_times"]
             grid.append((f"pareto | iid | {label} | s{seeds[0]}", c))
@@ -235,23 +233,9 @@ def plots(res: dict, name: str) -> None:
     common.save(fig, RESULTS / f"{name}_curves.png")
 
 
-def merged(res: dict, path: Path, tasks: list[str], baselines: bool) -> dict:
-    """A run over some tasks adds up with the file's other tasks (and its pareto rows, without --baselines): their
-    rows, targets and settings are kept as they were, and the command says both."""
-    if set(tasks) == set(TASKS) or not path.exists():
-        return res
-    old = json.loads(path.read_text())
-    keep = lambda x: x["task"] not in tasks and (x["task"] != "pareto" or not baselines)  # noqa: E731
-    c, oc = res["config"], old["config"]
-    c["tasks"] = [t for t in oc["tasks"] if t not in tasks] + tasks
-    c["settings"] = {**{t: v for t, v in oc["settings"].items() if t not in tasks}, **c["settings"]}
-    c["baselines"] = c["baselines"] or oc.get("baselines", [])
-    res["meta"]["command"] = f"{old['meta']['command']} ({old['meta']['date']}); then {res['meta']['command']}"
-    at = {t: i for i, t in enumerate(dict.fromkeys([*oc["tasks"], *tasks, "pareto"]))}.get   # the file's order
-    res["rows"] = sorted([r for r in old["rows"] if keep(r)] + res["rows"], key=lambda r: at(r["task"]))
-    res["targets"] = sorted([x for x in old["targets"] if keep(x)] + res["targets"], key=lambda x: at(x["task"]))
-    c["tasks"] = sorted(c["tasks"], key=at)
-    return res
+def asked(grid: list[tuple[str, dict]], tasks: list[str], baselines: bool) -> set[str]:
+    """The runs a command may make: its tasks' (and, with --baselines, the Pareto's); the file reports every task."""
+    return {label for label, _ in grid if label.split(" | ")[0] in tasks or (baselines and label.startswith("pareto"))}
 
 
 def main(argv=None) -> None:
@@ -268,20 +252,19 @@ def main(argv=None) -> None:
         if t not in TASKS:
             raise SystemExit(f"unknown task {t!r}: use {', '.join(TASKS)}")
     name = "flite_claims" + ("_quick" if a.quick else "")
-    grid = grid_for(tasks, seeds, a.quick, a.baselines)
+    grid = grid_for(list(TASKS), seeds, a.quick, True)
     t0 = time.time()
     if "fmnist" in tasks and not a.from_runs:   # our fmnist base, built once before the workers
         from lightfed.tasks import fmnist
         fmnist.pretrained_base("small", fmnist.ARCHS["small"][3])
     reused = sum(finished(label, c) is not None for label, c in common.placed(grid))   # as they will run (--device)
-    summaries = reuse_or_run(grid, a.workers, a.from_runs)
-    settings = {t: {**TASKS[t], **(QUICK[t] if a.quick else {})} for t in tasks}
+    summaries = reuse_or_run(grid, a.workers, a.from_runs, only=asked(grid, tasks, a.baselines))
+    settings = {t: {**TASKS[t], **(QUICK[t] if a.quick else {})} for t in TASKS}
     res = {"meta": meta("python benchmarks/flite_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)),
-           "name": name, "config": {"tasks": tasks, "seeds": seeds, "settings": settings, "workers": a.workers,
+           "name": name, "config": {"tasks": list(TASKS), "ran": tasks, "seeds": seeds, "settings": settings, "workers": a.workers,
                                     "runs": len(grid), "reused": reused, "from_runs": a.from_runs,
-                                    "methods": METHODS, "baselines": BASELINES if a.baselines else []},
+                                    "methods": METHODS, "baselines": BASELINES},
            "wall_s": time.time() - t0, **summarize(grid, summaries)}
-    res = merged(res, RESULTS / f"{name}.json", tasks, a.baselines)
     md = render(res)
     if res["rows"]:
         plots(res, name)

@@ -221,28 +221,19 @@ def test_an_interrupted_benchmark_run_resumes_only_with_its_own_config_and_code(
     assert not common.resumable(other)
 
 
-def test_flite_claims_run_over_one_task_adds_up_with_the_files_other_tasks(tmp_path):
-    import json
-    from flite_claims import merged
-    row = lambda t, m, v: {"task": t, "partition": "iid", "method": m, "mean": v}                 # noqa: E731
-    tgt = lambda t, v: {"task": t, "partition": "iid", "target": "x", "measured": v, "verdict": "met"}  # noqa: E731
-    old = {"meta": {"command": "all", "date": "d0"},
-           "config": {"tasks": ["sentiment", "fmnist", "austen"], "settings": {t: {"t": t} for t in ("sentiment", "fmnist", "austen")},
-                      "baselines": [["VeRA"]]},
-           "rows": [row("sentiment", "FLITE", 1), row("fmnist", "FLITE", 2), row("austen", "FLITE", 3), row("pareto", "VeRA", 4)],
-           "targets": [tgt("sentiment", 1), tgt("fmnist", 2), tgt("austen", 3)]}
-    (tmp_path / "f.json").write_text(json.dumps(old))
-    new = {"meta": {"command": "fmnist only", "date": "d1"}, "config": {"tasks": ["fmnist"], "settings": {"fmnist": {"t": "new"}},
-                                                                        "baselines": []},
-           "rows": [row("fmnist", "FLITE", 20)], "targets": [tgt("fmnist", 20)]}
-    m = merged(new, tmp_path / "f.json", ["fmnist"], baselines=False)
-    assert [(r["task"], r["mean"]) for r in m["rows"]] == [("sentiment", 1), ("fmnist", 20), ("austen", 3), ("pareto", 4)]
-    assert [x["measured"] for x in m["targets"]] == [1, 20, 3]
-    assert m["config"]["tasks"] == ["sentiment", "fmnist", "austen"] and m["config"]["settings"]["fmnist"] == {"t": "new"}
-    assert m["meta"]["command"] == "all (d0); then fmnist only"
-    every = merged({**new, "config": {**new["config"], "tasks": ["sentiment", "fmnist", "austen"]}}, tmp_path / "f.json",
-                   ["sentiment", "fmnist", "austen"], baselines=False)
-    assert every["rows"] == new["rows"]                 # a run over every task replaces the file
+def test_flite_claims_over_one_task_runs_that_tasks_grid_and_reports_every_task(tmp_path):
+    """--tasks fmnist may run fmnist's runs only (and the Pareto's with --baselines); the file's grid holds every
+    task's, each in the store by its config, reported from the store or as not run (no file merged by hand)."""
+    import common
+    from flite_claims import PARTITIONS, TASKS, asked, grid_for, summarize
+    g = grid_for(list(TASKS), [0, 1], False, True)
+    assert len({common.store_folder(c) for _, c in g}) == len(g) and not any("out" in c for _, c in g)
+    one = asked(g, ["fmnist"], False)
+    assert one and all(label.startswith("fmnist |") for label in one)
+    assert len(one) == sum(1 for label, _ in g if label.startswith("fmnist |"))
+    assert {label.split(" | ")[0] for label in asked(g, ["fmnist"], True)} == {"fmnist", "pareto"}
+    got = summarize(g, [{"label": label, "error": "not run"} for label, _ in g])
+    assert got["rows"] == [] and len(got["missing"]) == len(g) and PARTITIONS["fmnist"]
 
 
 def test_flite_vision_rounds_the_fp32_runs_final_z_to_int4_as_the_wire_does(tmp_path):
@@ -315,9 +306,18 @@ def test_a_passkey_grid_without_a_fednl_row_renders_and_plots(tmp_path):
     assert (tmp_path / "r.png").stat().st_size > 0
 
 
-def test_trivia_grid_keeps_the_runs_stored_before_and_adds_new_seeds(monkeypatch):
-    """Seeds run by separate commands add up: the stored part's runs join the new grid's (same setting only); a run
-    that did not finish now keeps its stored result; the backbone is scored once."""
+def _fake_finished_run(tmp_path, label):
+    """A run folder with a checkpoint marker: what common.derived computes from (the values themselves are faked)."""
+    d = tmp_path / label.replace(" ", "_").replace(",", "")
+    (d / "ckpt").mkdir(parents=True)
+    (d / "ckpt" / "latest.json").write_text("{}")
+    return {"out": str(d)}
+
+
+def test_trivia_grid_reports_every_seed_with_each_baselines_own_mechanism(monkeypatch, tmp_path):
+    """The trivia part over the seeds asked for: a run that did not finish is reported as such; each baseline's
+    internals and its distance from FedAvg+LoRA's adapters (same seed) are derived from its run; the backbone's score
+    is the seed-free round 0."""
     import fednl_claims as F
     size = F.SIZES["cpu"]
     doms = size["trivia"]["domains"].split(",")
@@ -329,95 +329,61 @@ def test_trivia_grid_keeps_the_runs_stored_before_and_adds_new_seeds(monkeypatch
                 if method in ("fedala", "local_only") else None}
 
     def fake_grid(size_, task, to, clients, seeds, methods, tag, workers):
-        g = [(f"trivia {label} s{seed}", {}) for seed in seeds for label, _, _ in methods]
+        g = [(f"trivia {label} s{seed}", {**_fake_finished_run(tmp_path, f"{label} s{seed}"), "seed": seed})
+             for seed in seeds for label, _, _ in methods]
         return g, [summary(m, seed, [0.4, 0.5, 0.6][seed], o) if seed != 1 or m != "fednl" else {"error": "not run"}
                    for seed in seeds for _, m, o in methods]
     monkeypatch.setattr(F, "grid", fake_grid)
     monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.33, "per_domain": {}})
+    monkeypatch.setattr(F.R, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(F.R, "internals", lambda s, slug: {"fedala": {"ala_one_minus_w": 0.01}}.get(slug, {"penalty_share": 0.2}))
     monkeypatch.setattr(F.R, "adapter_distance", lambda a, b: 0.0 if a is b else 0.1)
-    first = F.part_trivia(size, [0, 1], 1)
-    assert first["methods"]["FedNL"]["finals"] == [0.4] and first["methods"]["FedNL"]["errors"] == ["not run"]
-    assert first["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5]
-    monkeypatch.setattr(F, "backbone_trivia", lambda s: pytest.fail("the backbone was scored again"))
-    later = F.part_trivia(size, [2], 1, first)
-    assert later["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5, 0.6] and later["methods"]["FedNL"]["finals"] == [0.4, 0.6]
-    assert later["methods"]["local-only"]["personal"][2] == 3 and later["backbone"]["accuracy"] == 0.33
-    md = F.markdown({"meta": {"date": "-"}, "trivia": {**later, "size": "cpu"}})    # internals kept; equal finals counted
+    r = F.part_trivia(size, [0, 1, 2], 1)
+    assert r["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5, 0.6] and r["methods"]["FedNL"]["finals"] == [0.4, 0.6]
+    assert r["methods"]["FedNL"]["errors"] == ["not run"]
+    assert r["methods"]["local-only"]["personal"][2] == 3 and r["backbone"]["accuracy"] == 0.33
+    md = F.markdown({"meta": {"date": "-"}, "trivia": {**r, "size": "cpu"}})    # internals kept; equal finals counted
     assert "| FedALA (p = every layer) | ala_one_minus_w 0.01 | 0.1000 ± 0.0000 (n=3) | 3 of 3 seeds |" in md
     assert "| FedProx (LoRA, mu 1) | penalty_share 0.2 |" in md and "| FedNL | -" not in md.split("own mechanisms")[1]
-    other = {**first, "task_options": {**first["task_options"], "test_per_domain": 100}}   # another setting: not merged
-    monkeypatch.setattr(F, "backbone_trivia", lambda s: {"accuracy": 0.3, "per_domain": {}})
-    assert F.part_trivia(size, [2], 1, other)["methods"]["FedAvg+LoRA"]["finals"] == [0.6]
 
 
-def test_ce_grid_keeps_the_curves_stored_before_and_reports_each_fednl_row(monkeypatch):
-    """A ce command that runs one row adds it to the stored part (same setting only): the stored curves stay, the
-    backbone's is not computed again, a row made now replaces its stored curve; each FedNL row gets its own verdicts."""
+def test_ce_grid_reports_each_fednl_row_with_its_lr_and_schedule(monkeypatch, tmp_path):
+    """The CE part: each run's curve (and FedNL's memory-reset twin) derived from its final model, the backbone's
+    computed once; each FedNL row gets its own verdicts, and states the lr and schedule it ran."""
     import fednl_claims as F
     size = F.SIZES["cpu"]
     n = size["ce_tokens"] // size["ce_bucket"]
 
     def fake_grid(size_, task, to, clients, seeds, methods, tag, workers):
-        g = [(f"austen {label} s{seed}", {}) for seed in seeds for label, _, _ in methods]
-        return g, [{"method": m, "final": 30.0, "initial": 35.0, "bytes": {}, "config": {"lr": 0.01, "lr_decay": "cosine"},
-                    "seed": seed} for seed in seeds for _, m, _ in methods]
+        g = [(f"austen {label} s{seed}", {**_fake_finished_run(tmp_path, f"{label} s{seed}"), "lr_decay": "cosine"})
+             for seed in seeds for label, _, _ in methods]
+        return g, [{"method": m, "final": 30.0, "initial": 35.0, "bytes": {}, "lr": {"rules": 0.01}, "config": {"lr": 0.0}, "seed": seed}
+                   for seed in seeds for _, m, _ in methods]
     curve = {"carry": [3.0] * (n - 1) + [2.7], "reset": [3.0] * n}     # the carried memory's CE falls 10% along the stream
     monkeypatch.setattr(F, "grid", fake_grid)
+    monkeypatch.setattr(F.R, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(F.R, "final_model", lambda s, dtype="bf16": s)
-    monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: pytest.fail("the backbone again")
-                        if not isinstance(model, dict) else curve["carry" if carry else "reset"])
+    monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: [5.0] * n if not isinstance(model, dict)
+                        else curve["carry" if carry else "reset"])
     monkeypatch.setattr(F.R, "heldout_austen_ids", lambda k: None)
-    keep = [m for m in F.METHODS if m[0] == "FedNL, its own lr"]
-    monkeypatch.setattr(F, "METHODS", keep)
-    setting = {"window": F.WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"],
-               "train_block_len": size["austen"]["block_len"]}
-    stored = {"austen FedNL s0": [4.0] * n, "austen FedNL, its own lr s0": [9.0] * n, "frozen backbone": [5.0] * n}
-    prior = {**setting, "curves": stored, "runs": [{"label": "austen FedNL s0", "final_perplexity": 33.0, "initial": 35.1}]}
-    ce = F.part_ce(size, [0, 1, 2], 1, prior)
-    assert ce["curves"]["austen FedNL s0"] == [4.0] * n and ce["curves"]["frozen backbone"] == [5.0] * n
+    import torch
+    from lightfed.models import backbones
+    monkeypatch.setattr(backbones, "smollm2", lambda *a: torch.nn.Identity())     # the frozen backbone: not loaded
+    monkeypatch.setattr(F, "METHODS", [m for m in F.METHODS if m[0] == "FedNL, its own lr"])
+    ce = F.part_ce(size, [0, 1, 2], 1)
+    assert ce["curves"]["frozen backbone"] == [5.0] * n
     assert ce["curves"]["austen FedNL, its own lr s0"] == curve["carry"]
     assert ce["curves"]["austen FedNL, its own lr s2, memory reset per chunk"] == curve["reset"]
-    assert {r["label"] for r in ce["runs"]} == {"austen FedNL s0"} | {f"austen FedNL, its own lr s{i}" for i in range(3)}
+    assert {r["label"]: (r["lr"], r["lr_decay"]) for r in ce["runs"]} == {
+        f"austen FedNL, its own lr s{i}": (0.01, "cosine") for i in range(3)}
     md = F.markdown({"meta": {"date": "-"}, "ce": {**ce, "size": "cpu"}})
-    own = md.split("**FedNL, its own lr** (lr 0.01):")[1]
+    own = md.split("**FedNL, its own lr** (lr 0.01 cosine):")[1]
     assert "help along the stream (its trend below the same model's with the memory emptied at every chunk)? **met**" in own
-    other = {**prior, "train_block_len": 2048}                      # another setting: nothing stored is kept
-    monkeypatch.setattr(F, "ce_curve", lambda model, ids, bucket, carry=True: [1.0] * n)
-    assert "austen FedNL s0" not in F.part_ce(size, [0], 1, other)["curves"]
 
 
-def test_passkey_rows_run_again_add_their_seeds_to_the_stored_ones():
-    """--rows with a seed the stored part lacks (the stored seed's run gone, reported 'not run'): the stored seed's
-    cells and CE curves stay beside the new one's; a seed made again replaces its stored cells; other rows kept."""
-    import json
-    import fednl_retrieval as R
-    p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
-    name, reset = "FedNL, stream LM loss", "FedNL, stream LM loss, memory reset per chunk"
-    for k in (name, reset):                 # the stored part as it was with seed 0 of these rows only
-        i = p["rows"][k]["seeds"].index(0)
-        p["rows"][k] = {**p["rows"][k], "seeds": [0], "cells": [p["rows"][k]["cells"][i]]}
-        p["ce"]["curves"][k] = [p["ce"]["curves"][k][i]]
-        p["retrieval"][k] = {L: [v[i]] for L, v in p["retrieval"][k].items()}
-    s1 = {k: 0.5 for k in p["rows"][name]["cells"][0]}
-    new = {**p, "rows": {name: {"seeds": [1], "cells": [s1], "errors": ["not run"]},
-                         reset: {"seeds": [1], "cells": [{k: 0.0 for k in s1}], "errors": []}},
-           "ce": {**p["ce"], "curves": {name: [[4.0, 4.4]], reset: [[4.0, 4.0]]}}}
-    m = R.merge(p, new)
-    assert m["rows"][name]["seeds"] == [0, 1] and m["rows"][name]["cells"] == [p["rows"][name]["cells"][0], s1]
-    assert m["rows"][reset]["seeds"] == [0, 1]
-    assert m["ce"]["curves"][name] == [p["ce"]["curves"][name][0], [4.0, 4.4]]
-    assert m["ce"]["trend_last_vs_first"][name][1] == pytest.approx(0.1)
-    assert m["retrieval"][name]["4"] == [p["retrieval"][name]["4"][0], 0.5]
-    assert m["rows"]["FedNL"] == p["rows"]["FedNL"] and m["retrieval"]["FedNL"] == p["retrieval"]["FedNL"]
-    again = R.merge(m, {**new, "rows": {name: {"seeds": [0], "cells": [s1], "errors": []}},
-                        "ce": {**p["ce"], "curves": {name: [[1.0, 1.0]]}}})       # seed 0 made again: replaced
-    assert again["rows"][name]["seeds"] == [1, 0] and again["ce"]["curves"][name] == [[4.0, 4.4], [1.0, 1.0]]
-
-
-def test_passkey_targets_are_decided_on_their_own_test_set_and_its_seeds_merge_by_seed():
+def test_passkey_targets_are_decided_on_their_own_test_set():
     """A FedNL row with the targets' test set (JUDGE: 500 streams a length) is judged on it, not on the grid's 20-stream
-    cells; a seed made again replaces its judged cells and keeps the other seeds'; without it, the grid's cells."""
+    cells; without it, the grid's cells."""
     import json
     import fednl_retrieval as R
     p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
@@ -440,45 +406,46 @@ def test_passkey_targets_are_decided_on_their_own_test_set_and_its_seeds_merge_b
     assert "the thresholds on the targets' test set;" in md and "one stream 0.20 pp" in md
     assert "| FedNL >= 0.9 at 4 chunks | met (0.95, 0.91, 0.93) |" in md
     assert "| the reset control <= 0.1 at every length | met (max 0.02) |" in md
-    new = {**p, "rows": {name: {**p["rows"][name], "seeds": [1], "cells": [p["rows"][name]["cells"][1]],
-                                "judged": {"1": cells(0.85, 0.5)}}}}
-    m = R.merge(p, new)
-    assert m["rows"][name]["seeds"] == [0, 2, 1]
-    assert m["retrieval_judged"][name] == {"4": [0.95, 0.93, 0.85], "16": [0.6, 0.7, 0.5]}
-    assert "| FedNL >= 0.9 at 4 chunks | not met on every seed (2 of 3) (0.95, 0.93, 0.85) |" in "\n".join(R.markdown_retrieval(m))
+    p["rows"][name]["judged"]["1"] = cells(0.85, 0.5)
+    p["retrieval_judged"] = R.judged_retrieval(p["rows"])
+    assert "| FedNL >= 0.9 at 4 chunks | not met on every seed (2 of 3) (0.95, 0.85, 0.93) |" in "\n".join(R.markdown_retrieval(p))
 
 
-def test_recipe_rows_run_alone_join_the_stored_rows_in_the_recipes_order(monkeypatch, tmp_path):
-    import json
+def test_recipe_rows_run_alone_are_reported_with_every_row_of_the_store_in_the_recipes_order(monkeypatch, tmp_path):
+    """--rows: only those rows may run; the report holds every row of RECIPE (the others from the store, or 'not run'),
+    its steps and training losses read from the run's records (kept in the run's record)."""
+    import common
     import fednl_retrieval as R
-    stored = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["recipe"]
+    monkeypatch.setattr(common, "STORE", tmp_path / "store")
     new = R.RECIPE[-1][0]
-    stored = {**stored, "rows": [x for x in stored["rows"] if x["label"] != new]}       # the row this command adds
+    asked = []
 
-    def fake_run(grid, workers, from_runs=False):
+    def fake_run(grid, workers, from_runs=False, only=None):
+        asked.append(only)
         out = []
         for label, c in grid:
-            d = tmp_path / label.replace(" ", "_")
-            d.mkdir()
+            if label not in only:
+                out.append({"label": label, "error": "not run: not asked for by this command, and not in the store"})
+                continue
+            d = Path(c["out"])
+            (d / "ckpt").mkdir(parents=True)
+            (d / "ckpt" / "latest.json").write_text("{}")
             (d / "metrics.jsonl").write_text('{"round": 0}\n{"round": 1, "clients": [{"steps": 30, "train_loss": 1.0}]}\n')
             out.append({"out": str(d), "cells": {"passkey": {"4/0": 1.0, "4/1": 0.5}}, "time": {"client_compute": 60.0},
                         "initial": 0.0, "final": 0.75})
         return out
     monkeypatch.setattr(R, "reuse_or_run", fake_run)
-    monkeypatch.setattr(R, "step_costs", lambda size: pytest.fail("costs measured again for one row"))
-    r = R.part_recipe("cpu", 1, {new}, stored)
-    labels = [x["label"] for x in r["rows"]]
-    assert labels[:-1] == [x["label"] for x in stored["rows"]] and labels[-1] == new and r["costs"] == stored["costs"]
-    assert r["rows"][-1]["outside_question_chunk"] == 1.0 and r["rows"][-1]["s_per_step"] == 2.0
-    assert r["rows"][0] == stored["rows"][0]
-    with pytest.raises(ValueError, match="unknown rows"):
-        R.part_recipe("cpu", 1, {"no such row"}, stored)
     monkeypatch.setattr(R, "step_costs", lambda size: {"fresh": 1.0})
-    other = {**stored, "setting": {**stored["setting"], "rounds": 3}}        # another setting: nothing kept
-    assert [x["label"] for x in R.part_recipe("cpu", 1, {R.RECIPE[-2][0]}, other)["rows"]] == [R.RECIPE[-2][0]]
+    r = R.part_recipe("cpu", 1, {new})
+    assert asked == [{new}] and [x["label"] for x in r["rows"]] == [x[0] for x in R.RECIPE]
+    assert all(x["error"].startswith("not run") for x in r["rows"][:-1])
+    assert r["rows"][-1]["outside_question_chunk"] == 1.0 and r["rows"][-1]["s_per_step"] == 2.0
+    assert r["rows"][-1]["train_loss"] == [1.0]
+    with pytest.raises(ValueError, match="unknown rows"):
+        R.part_recipe("cpu", 1, {"no such row"})
 
 
-def test_why_table_sets_each_edit_beside_the_streams_as_drawn_and_merges_by_seed():
+def test_why_table_sets_each_edit_beside_the_streams_as_drawn():
     import json
     import fednl_retrieval as R
     p = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())["passkey"]
@@ -497,12 +464,6 @@ def test_why_table_sets_each_edit_beside_the_streams_as_drawn_and_merges_by_seed
     assert ("needle moved next to the question, against as drawn (per seed 0, 1, 2): the mean over depths +0.125, "
             "+0.125, +0.125; at depth 0 (3 chunks back) +0.200, +0.200, +0.200.") in md
     assert "at depth 0 (3 chunks back) -0.100, -0.100, -0.100." in md
-    moved = {"needle moved next to the question": four(0.5, 0.5, 0.5, 0.5),
-             "needle's chunk alone before the question": four(0.1, 0.1, 0.1, 0.1)}
-    new = {**p, "rows": {"FedNL": {**p["rows"]["FedNL"], "seeds": [1], "cells": [p["rows"]["FedNL"]["cells"][1]],
-                                   "judged": {"1": judged["1"]}, "why": {"1": moved}}}}
-    m = R.merge(p, new)["rows"]["FedNL"]["why"]
-    assert m == {"0": why["0"], "2": why["2"], "1": moved}
     del p["rows"]["FedNL"]["why"]
     assert "streams | depth 0" not in "\n".join(R.markdown_retrieval(p))
 
@@ -562,6 +523,11 @@ def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it
         assert not common.provenance(stale)["at_hand"] and common.marked("0.5", [prov, common.provenance(stale)]) == "0.5†"
         common.reuse_or_run([("row", c)], workers=1)
         assert len(runs) == 2                                                  # that run's code changed: made afresh
+        other = {**c, "lr": 2e-2}                 # only=: the rows this command may run; the others come from the store
+        kept, absent = common.reuse_or_run([("row", c), ("other", other)], workers=1, only=set())
+        assert len(runs) == 2 and kept["final"] == s["final"] and absent["error"].startswith("not run")
+        common.reuse_or_run([("row", c), ("other", other)], workers=1, only={"other"})
+        assert len(runs) == 3 and [label for label, _ in runs[-1]] == ["other"]
     finally:
         torch.set_num_threads(threads)
 
