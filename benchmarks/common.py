@@ -224,10 +224,13 @@ def record_path(c: dict) -> Path | None:
 
 
 def keep(s: dict) -> None:
-    """Write the record of a finished store run: its summary with bench.json (the values derived from it so far kept)."""
+    """Write the record of a finished store run: its summary with bench.json and its rounds (metrics.jsonl), the values
+    derived from it so far kept."""
     p = record_path(s["bench"]["config"])
     old = json.loads(p.read_text()) if p.exists() else {}
-    new = {k: v for k, v in s.items() if k not in ("label", "derived")}
+    new = {k: v for k, v in s.items() if k not in ("label", "derived", "rounds")}
+    new["rounds"] = records(s["bench"]["config"]["out"]) if (Path(s["bench"]["config"]["out"]) / "metrics.jsonl").exists() \
+        else old.get("rounds")
     if {k: v for k, v in old.items() if k != "derived"} != new:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({**new, "derived": old.get("derived", {}) if old.get("bench") == new["bench"] else {}},
@@ -363,8 +366,13 @@ def pm(xs, nd: int = 3) -> str:
 
 
 def records(out) -> list[dict]:
-    """A run's <out>/metrics.jsonl, one record a line (round 0 first)."""
-    return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    """A run's <out>/metrics.jsonl, one record a line (round 0 first); where the folder is gone, as its store record
+    kept them."""
+    p = Path(out) / "metrics.jsonl"
+    rec = record_path({"out": str(out)})
+    if not p.exists() and rec and rec.exists():
+        return json.loads(rec.read_text())["rounds"]
+    return [json.loads(x) for x in p.read_text().splitlines()]
 
 
 def pyplot():

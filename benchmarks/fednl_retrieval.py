@@ -49,7 +49,7 @@ SMOKE_TASK = {**TASK, "train_size": 16, "lengths": "4,8", "depths": "0,1", "test
 # name, the depths outside the question's chunk, 125 streams each (500 a length: one stream 0.2 pp), from the same
 # evaluation split with other draws (data_seed 1), so not the grid's streams
 JUDGE = {**TASK, "lengths": "4,16", "depths": "0,0.25,0.5,0.75", "test_per_cell": 125, "data_seed": 1}
-# the recipe's rows: (label, method options, task options); each against the row it differs from
+# the recipe's rows: (label, method options, task options[, run settings]); each against the row it differs from
 RECIPE = [
     ("memory in 5 layers spread evenly (5,11,17,23,29), gate 0 (the old default)", {"layers": "auto", "n_layers": 5}, {}),
     ("memory in 3 late layers (17,23,29), gate 0", {"layers": "17,23,29"}, {}),
@@ -65,6 +65,12 @@ RECIPE = [
     ("5 layers spread evenly, gate 0, 8-chunk training streams", {"layers": "auto", "n_layers": 5}, {"train_chunks": 8}),
     ("5 layers spread evenly, gate 0, curriculum 2 -> 4 -> 8 chunks", {"layers": "auto", "n_layers": 5},
      {"train_chunks": 8, "curriculum": "2,4,8"}),
+    # a 4th entry sets the run's own lr / schedule. The grid's schedule, chosen here on validation streams (issue 46):
+    ("5 layers spread evenly, gate 0, lr 1e-2 cosine", {"layers": "auto", "n_layers": 5}, {}, {"lr_decay": "cosine"}),
+    # FedNL's rules as FLITE latents (issue 48): theta = theta_0 + map(z), z int4 the only upload; z's lr swept here
+    *[(f"5 layers spread evenly, gate 0, rules as FLITE latents (latent_r 8, int4), lr {lr:g} cosine",
+       {"layers": "auto", "n_layers": 5, "latent_r": 8, "codec": "int4"}, {}, {"lr": lr, "lr_decay": "cosine"})
+      for lr in (1e-2, 1e-1, 1.0)],
 ]
 SIZES = {   # steps of the centralised recipe rows; the federated grid
     "cpu": {"recipe": {"rounds": 6, "local_steps": 30}, "rounds": 10, "local_steps": 20, "task": TASK,
@@ -96,7 +102,8 @@ CONTROLLED = {name for name, *_, ctl in FEDNL_ROWS if ctl}
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
     return common.placed([(label, {**BASE, "method": "fednl", "clients": 1, "fraction": 1.0, "seed": 0, "lr_decay": "none",
                                    **size["recipe"], "eval_every": size["recipe"]["rounds"], "method_options": mo,
-                                   "task_options": {**size["recipe_task"], **to}}) for label, mo, to in rows])
+                                   "task_options": {**size["recipe_task"], **to}, **(run[0] if run else {})})
+                          for label, mo, to, *run in rows])
 
 
 def step_costs(size: dict) -> dict:
@@ -157,6 +164,7 @@ def part_recipe(size_name: str, workers: int, labels: set[str] | None = None) ->
         cells = s["cells"]["passkey"]
         out_q = [v for k, v in cells.items() if not k.endswith("/1")]
         rows.append({"label": label, "options": c["method_options"], "task_options": c["task_options"], "steps": steps,
+                     "lr": c["lr"], "lr_decay": c["lr_decay"],
                      "s_per_step": s["time"]["client_compute"] / steps if steps else None, "cells": cells,
                      "outside_question_chunk": float(np.mean(out_q)), "initial": s["initial"], "final": s["final"],
                      "train_loss": loss})
@@ -409,7 +417,7 @@ def markdown_recipe(r: dict) -> list[str]:
     L = ["## FedNL's recipe, measured (centralised, validation streams)\n",
          f"One client, {r['setting']['rounds']} rounds x {r['setting']['local_steps']} steps of 8 streams of "
          f"{r['setting']['task']['train_chunks'] * UNIT} tokens (a row's own length where its label names one), lr 1e-2 "
-         "(AdamW), bf16 forwards, one seed; exact match on validation streams (the training split's haystack and "
+         "constant (AdamW; a row's own lr and schedule where its label names them), bf16 forwards, one seed; exact match on validation streams (the training split's haystack and "
          f"passkeys, other draws, {r['setting']['task']['test_per_cell']} a cell) at 4 and 8 chunks. Column 'outside' = "
          "the mean over depths outside the question's chunk, with its 95% Wilson interval from the validation sample "
          "alone (it says nothing of the spread over seeds).\n",

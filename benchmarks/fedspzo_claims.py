@@ -50,7 +50,6 @@ from common import meta, reuse_or_run, write  # noqa: E402
 from lightfed.report import human_bytes, markdown  # noqa: E402
 
 HERE = Path(__file__).parent
-RUNS = Path("runs/bench-fedspzo")
 
 TASKS = {
     "sentiment": {"task": "sentiment", "clients": 10, "fraction": 0.2, "batch_size": 8, "local_steps": 10,
@@ -125,8 +124,7 @@ def config_for(task, label, quick):
 
 
 def grid_for(tasks, quick, probe=True):
-    """(runs, probes): [(label, config)] each; probes are one-step runs for memory only."""
-    name = "quick" if quick else "full"
+    """(runs, probes): [(label, config)] each, in the run store; probes are one-step runs for memory only."""
     grid, probes = [], []
     for t in tasks:
         for label, *_ in METHODS:
@@ -138,8 +136,6 @@ def grid_for(tasks, quick, probe=True):
             if quick:
                 c.update(QUICK_PROBE)
             probes.append((f"probe | {label}", c))
-    for i, (label, cfg) in enumerate(grid + probes):
-        cfg["out"] = str(RUNS / name / f"{i:02d}")
     return grid, probes
 
 
@@ -370,7 +366,6 @@ def calibrate(a):
         for lr in (1e-3, 3e-3):
             c = config_for("sentiment", label, a.quick)
             c.update(clients=1, fraction=1.0, rounds=1 if a.quick else 3, local_steps=2 if a.quick else 25, lr=lr)
-            c["out"] = str(RUNS / ("calibrate_quick" if a.quick else "calibrate") / f"{len(grid):02d}")
             grid.append((f"{label}, lr {lr:g}", c))
     summaries = reuse_or_run(grid, a.workers, a.from_runs)
     rows = []

@@ -580,6 +580,7 @@ def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_
         (again,) = common.reuse_or_run([("row", c)], workers=1)
         assert len(runs) == 1 and again["final"] == s["final"] and common.provenance(again)["at_hand"]
         assert common.derived(placed, "norm", norm) == v and len(calls) == 1
+        assert [r["round"] for r in common.records(placed["out"])] == [0, 1]             # its rounds, from the record
         assert common.derived(placed, "norm", lambda c: norm(c) + 1) is None              # other code, no checkpoint
         (_, other), = common.placed([("row", {**c, "lr": 2e-2})])
         assert common.finished("row", other) is None and common.derived(other, "norm", norm) is None
