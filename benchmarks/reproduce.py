@@ -34,7 +34,7 @@ def _json(name):
 # How far a cell's final metric may lie from the committed one: the same machine gives the same number (runs are
 # deterministic on one thread); another CPU's kernels may round differently and flip an example or two of a test set.
 TOL = {"main": 0.004, "foundation": 0.004, "flite_claims": 0.004, "flite_ablation": 0.004, "fedspzo_claims": 0.004,
-       "robustness": 0.004, "zoflite_claims": 0.004}
+       "robustness": 0.004, "zoflite_claims": 0.004, "flite_vision": 0.004}
 TOL_QUICK = 0.07            # the tiny twins' test sets are 32 examples: 0.07 is two of them
 # What is known of a cell that differs from its committed figure (printed under the table when it does).
 EXPLAINED = {
@@ -104,9 +104,17 @@ def cell_zoflite():
             (f"zoflite_claims: {gl}", {**gc, "init": probe_out}, (row["finals"][0], row["up_bytes"]))]
 
 
+def cell_flite_vision():
+    import flite_vision as V
+    res = _json("flite_vision")
+    (label, c), = V.grid([0], False, res["config"]["lrs"], {"fedavg"}, {"iid"})
+    r = res["rows"]["fedavg|iid"]
+    return [(f"flite_vision: {label}", c, (r["finals"][0], r["up"]))]
+
+
 CELLS = {"main": cell_main, "foundation": cell_foundation, "flite_claims": cell_flite_claims,
          "flite_ablation": cell_flite_ablation, "fedspzo_claims": cell_fedspzo, "robustness": cell_robustness,
-         "zoflite_claims": cell_zoflite}          # (a cell's folder is its place in this list: add new ones at the end)
+         "zoflite_claims": cell_zoflite, "flite_vision": cell_flite_vision}          # (a cell's folder is its place in this list: add new ones at the end)
 
 
 def fednl_bytes() -> list[dict]:
