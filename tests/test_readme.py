@@ -173,6 +173,16 @@ ROWS = {
         measured=lambda d: [vision(d, k, mean(d["rows"][k]["finals"])) for k in ("flite_obase|iid", "flite|iid", "fedavg|iid")],
         verdict=lambda d: vision_claim(d, "the frozen orthogonal head's geometry serves FLITE")[1],
         claim=lambda d: f"{len(d['rows']['flite_obase|iid']['seeds'])}"),
+    "FLITE with rank 16 and int4 per-group scales (5,120 latents, frozen orthogonal head) within 1 pp of FedAvg fp32 "
+    "(Fashion-MNIST, GN ResNet-18, IID, 3 seeds)": dict(
+        json="flite_vision_rank.json",
+        measured=lambda d: [vision(d, "flite_r16g|iid", mean(d["rows"]["flite_r16g|iid"]["finals"])),
+                            vision(d, "fedavg|iid", mean(d["rows"]["fedavg|iid"]["finals"])),
+                            f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite_r16g|iid']['up']:,.0f}"],
+        verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g within 1 pp of FedAvg fp32 (iid)")[1],
+        claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g')[3]['r']} "
+                        f"{d['rows']['flite_r16g|iid']['method_info']['latent']:,} 1 "
+                        f"{len(d['rows']['flite_r16g|iid']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
     dict(
         json="zoflite_prompt.json",
