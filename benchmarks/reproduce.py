@@ -43,6 +43,10 @@ EXPLAINED = {
                     "through round 11 and bitwise the same state after round 2, so the difference is older than that "
                     "code and than this check's first pass (which compared finals only, 0.846 both): the committed run "
                     "(2026-12-01, two runs side by side) has no folder left to say how it ran. Not explained.",
+    "flite_vision": "the cell starts from lightfed's fmnist ResNet-18 base, built on first use and cached per machine; "
+                    "CPU pretraining is not bit-exact across machines (held out: 0.942, 0.939, 0.942 in three builds), "
+                    "and the committed figure was made on the 0.939 build. The same config on a 0.942 build gave "
+                    "0.8275 (flite_vision_rank.json, seed 0).",
 }
 
 
