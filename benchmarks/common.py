@@ -11,7 +11,7 @@ each, so that runs side by side see the same machine) or reused, statistics and 
     a config without "out" lives in the run store: runs/store/<task>-<method>-<hash of the config>, so that a row
     whose settings change gets a new folder and the old run stays what it was; its record (records/<folder>.json,
     committed: the summary and bench.json) stands in for the folder on a machine that lacks it
-    derived(c, name, fn, *modules)                      a value computed from a store run's checkpoint, kept in its
+    derived(c, name, fn, *modules, key=)                a value computed from a store run's checkpoint, kept in its
                                                         record beside the source of fn and the modules it scores with
     provenance(summary) / marked(text, prov)           who made a figure (code, commit, date, command) and whether
                                                         it is the code at hand; a figure that is not gets a dagger
@@ -195,11 +195,11 @@ def effective(s: dict, want: dict) -> dict:
 def finished(label: str, c: dict) -> dict | None:
     """The summary of a run already made with config c (in c["out"], or its record when that folder is gone) by this
     code (or, with REUSE_STALE, by any code: recorded in STALE), or None."""
-    p, b = Path(c["out"]) / "summary.json", _bench(Path(c["out"]))
+    p, b, rec = Path(c["out"]) / "summary.json", _bench(Path(c["out"])), record_path(c)
     if p.exists():
         s = json.loads(p.read_text())
-    elif record_path(c) and record_path(c).exists():
-        s = json.loads(record_path(c).read_text())
+    elif rec and rec.exists():
+        s = json.loads(rec.read_text())
         b = s["bench"]
     else:
         return None
@@ -226,11 +226,11 @@ def record_path(c: dict) -> Path | None:
 def keep(s: dict) -> None:
     """Write the record of a finished store run: its summary with bench.json and its rounds (metrics.jsonl), the values
     derived from it so far kept."""
+    out = s["bench"]["config"]["out"]
     p = record_path(s["bench"]["config"])
     old = json.loads(p.read_text()) if p.exists() else {}
     new = {k: v for k, v in s.items() if k not in ("label", "derived", "rounds")}
-    new["rounds"] = records(s["bench"]["config"]["out"]) if (Path(s["bench"]["config"]["out"]) / "metrics.jsonl").exists() \
-        else old.get("rounds")
+    new["rounds"] = records(out) if (Path(out) / "metrics.jsonl").exists() else old.get("rounds")
     if {k: v for k, v in old.items() if k != "derived"} != new:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({**new, "derived": old.get("derived", {}) if old.get("bench") == new["bench"] else {}},

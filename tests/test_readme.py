@@ -79,6 +79,10 @@ def vision(d, key, x):
     return f"{x:.3f}" + ("†" if dagger else "")
 
 
+def vision_mean(d, key):
+    return vision(d, key, mean(d["rows"][key]["finals"]))
+
+
 def vision_claim(d, start):
     return only(c for c in d["claims"] if c[0].startswith(start))
 
@@ -162,22 +166,20 @@ ROWS = {
     "FLITE in its paper's form (1,280 int4 latents, frozen orthogonal head) within 1 pp of FedAvg fp32 "
     "(Fashion-MNIST on lightfed's GN ResNet-18, IID, 3 seeds)": dict(
         json="flite_vision.json",
-        measured=lambda d: [vision(d, "flite|iid", mean(d["rows"]["flite|iid"]["finals"])),
-                            vision(d, "fedavg|iid", mean(d["rows"]["fedavg|iid"]["finals"])),
+        measured=lambda d: [vision_mean(d, "flite|iid"), vision_mean(d, "fedavg|iid"),
                             f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite|iid']['up']:,.0f}"],
         verdict=lambda d: vision_claim(d, "FLITE within 1 pp of FedAvg fp32 (IID)")[1],
         claim=lambda d: f"{d['rows']['flite|iid']['trainable']:,} 1 {len(d['rows']['flite|iid']['seeds'])}"),
     "FLITE's paper form does better on a base pretrained under its frozen orthogonal head than on today's base "
     "(Fashion-MNIST, GN ResNet-18, IID, 3 seeds)": dict(
         json="flite_vision.json",
-        measured=lambda d: [vision(d, k, mean(d["rows"][k]["finals"])) for k in ("flite_obase|iid", "flite|iid", "fedavg|iid")],
+        measured=lambda d: [vision_mean(d, k) for k in ("flite_obase|iid", "flite|iid", "fedavg|iid")],
         verdict=lambda d: vision_claim(d, "the frozen orthogonal head's geometry serves FLITE")[1],
         claim=lambda d: f"{len(d['rows']['flite_obase|iid']['seeds'])}"),
     "FLITE with rank 16 and int4 per-group scales (5,120 latents, frozen orthogonal head) within 1 pp of FedAvg fp32 "
     "(Fashion-MNIST, GN ResNet-18, IID, 3 seeds)": dict(
         json="flite_vision_rank.json",
-        measured=lambda d: [vision(d, "flite_r16g|iid", mean(d["rows"]["flite_r16g|iid"]["finals"])),
-                            vision(d, "fedavg|iid", mean(d["rows"]["fedavg|iid"]["finals"])),
+        measured=lambda d: [vision_mean(d, "flite_r16g|iid"), vision_mean(d, "fedavg|iid"),
                             f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite_r16g|iid']['up']:,.0f}"],
         verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g within 1 pp of FedAvg fp32 (iid)")[1],
         claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g')[3]['r']} "
@@ -185,8 +187,7 @@ ROWS = {
                         f"{len(d['rows']['flite_r16g|iid']['seeds'])}"),
     "The same FLITE no worse than FedAvg fp32 - 1 pp under Dirichlet(0.1) (3 seeds)": dict(
         json="flite_vision_rank.json",
-        measured=lambda d: [vision(d, f"{k}|dirichlet:0.1", mean(d["rows"][f"{k}|dirichlet:0.1"]["finals"]))
-                            for k in ("flite_r16g", "fedavg")],
+        measured=lambda d: [vision_mean(d, f"{k}|dirichlet:0.1") for k in ("flite_r16g", "fedavg")],
         verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g within 1 pp of FedAvg fp32 (dirichlet:0.1)")[1],
         claim=lambda d: f"1 0.1 {len(d['rows']['flite_r16g|dirichlet:0.1']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
