@@ -94,9 +94,10 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # head lr 3e-4 came out on top (7 images over 1e-3), so 1e-4 was added (0.657: bracketed), and z 0.1 beside it
 # (at head lr 1e-3, z 0.1 had beaten 0.3 by 4 images).
 # flite_obase's sweep first ran 0.3..10 and chose 0.3 at its lower edge (0.757 vs 0.480 at 1): 0.1 and 0.03 were added;
-# flite_r16g's likewise (0.3..10 chose 0.3, 0.767 vs 0.717 at 1).
+# flite_r16g's likewise (0.3..10 chose 0.3, 0.767 vs 0.717 at 1); flite_wscale's first sweep 3e-3..0.1 chose 0.1 at its top
+# edge (0.287 vs 0.280 at 0.03): 0.3 and 1 were added.
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
-         "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
+         "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
@@ -235,6 +236,53 @@ def int4_roundtrip(c: dict) -> dict | None:
             "median_abs_z": float(z.abs().median())}
 
 
+AGREEMENT = {"flite_r16g", "fedavg"}      # the rows whose clients' first moves are measured (agreement)
+
+
+def agreement(c: dict) -> dict:
+    """What averaging keeps of the clients' first moves (issue 47: why label skew costs FLITE more than FedAvg): from
+    the run's initial state, every client trains round 1 as the run does; each move is taken in the space the 20
+    convolutions' weights live in (FedAvg: its weights' change; FLITE: the map's dW of its latents' change) and in the
+    trained parameters' own (z; FedAvg's every weight). efficiency = ||sum_k n_k d_k|| / sum_k n_k ||d_k|| (1: the
+    clients agree; ~1/sqrt(10) if orthogonal); cosine: the mean over clients of cos(d_k, the average)."""
+    import torch
+    from lightfed import config as C
+    from lightfed.data.tensors import subset
+    from lightfed.engine import local, protocol as P
+    from lightfed.methods.base import ClientContext
+    from lightfed.models import latent
+    cfg = C.from_dict(c)
+    S = local.build(cfg)
+    state, lat = S.method.init_state(S.model), dict(latent.latent_layers(S.model))
+    convs = [n for n, m in S.model.named_modules() if isinstance(m, torch.nn.Conv2d)] if not lat else list(lat)
+    moves = {"convolutions' weights": [], "trained parameters": []}
+    for cid in range(cfg.clients):
+        down = P.broadcast(S.method, state, 1, cid)
+        S.method.load(S.model, P.received(S.method, state, 1, cfg.max_message_bytes))
+        before = {n: p.detach().clone() for n, p in S.method.trainable(S.model).items()}
+        ctx = ClientContext(cid, 1, local.derive_seed(cfg.seed, 1, cid), cfg, S.task.loss, {})
+        P.client_round(S.method, S.model, down, subset(S.task.train_at(1, cfg.rounds), S.shards[cid]), ctx,
+                       cfg.max_message_bytes)
+        d = {n: (p.detach() - before[n]).float() for n, p in S.method.trainable(S.model).items()}
+        moves["trained parameters"].append(torch.cat([v.flatten() for v in d.values()]))
+        with torch.no_grad():       # FLITE: dW_l = map_l(dz_l); FedAvg: the convolutions' own change
+            moves["convolutions' weights"].append(torch.cat(
+                [lat[n].delta(d["z"][lat[n].lo:lat[n].hi]).flatten() for n in convs] if lat else [d[f"{n}.weight"].flatten() for n in convs]))
+    n = [float(len(s)) for s in S.shards]
+    return {space: agreement_of(torch.stack(ds), n) for space, ds in moves.items()}
+
+
+def agreement_of(D, n) -> dict:
+    """D (clients, dim): the clients' moves, n: their examples (the average's weights)."""
+    import torch
+    D, n = D.double(), torch.tensor(n, dtype=torch.float64)
+    mean = (n[:, None] * D).sum(0) / n.sum()                     # (dim,) what the server's average moves
+    norms = D.norm(dim=1)
+    return {"efficiency": float(mean.norm() * n.sum() / (n * norms).sum()),
+            "cosine": float(torch.nn.functional.cosine_similarity(D, mean[None], dim=1).mean()),
+            "move_norm_median": float(norms.median())}
+
+
 def empty_row(key: str, part: str, errors=()) -> dict:
     return {"key": key, "partition": part, "finals": [], "initials": [], "seeds": [], "errors": list(errors),
             "curves": [], "weight_moves": [], "provenance": []}
@@ -256,6 +304,8 @@ def summarize(g, sums) -> dict:
         r["provenance"].append(common.provenance(s))          # who made this seed, and is it the code at hand
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
         r["weight_moves"].append(common.derived(c, "weight_moves", weight_moves, latent))
+        if key in AGREEMENT:
+            r.setdefault("agreement", []).append(common.derived(c, "agreement", agreement, latent))
         if key == "fedavg_int4":
             r.setdefault("int4_internals", []).append(common.derived(c, "int4_internals", int4_internals, quantize))
         if key == "flite_fp32":
@@ -407,6 +457,19 @@ def render(res: dict) -> str:
               "| row | partition | per seed: min / median / max |", "|---|---|---|"]
         L += [f"| {lab} | {part} | " + "; ".join(f"s{sd}: {w['min']:.2f} / {w['median']:.2f} / {w['max']:.2f}"
                                                   for sd, w in zip(seeds, ws) if w) + " |" for lab, part, seeds, ws in moves]
+    agree = [(label[r["key"]], r["partition"], r["agreement"]) for r in res["rows"].values() if any(r.get("agreement") or [])]
+    if agree:
+        L += ["", "What averaging keeps of the clients' moves in round 1 (every client of the run trains from the initial "
+              "state, the run's own lr and data): efficiency = ‖Σ n_k d_k‖ / Σ n_k ‖d_k‖ (1: the clients agree; "
+              "~0.32 for 10 orthogonal moves) and the mean cosine of a client's move to the average, in the space of the "
+              "20 convolutions' weights (FLITE: the map's dW of its latents' move) and in the trained parameters' own "
+              "(FLITE: z; FedAvg: every weight, head included). Mean ± sd over seeds.", "",
+              "| row | partition | efficiency (convolutions) | cosine (convolutions) | efficiency (trained parameters) | cosine (trained parameters) |",
+              "|---|---|---|---|---|---|"]
+        for lab, part, ag in agree:
+            ag = [a for a in ag if a]
+            L.append(f"| {lab} | {part} | " + " | ".join(common.pm([a[sp][k] for a in ag]) for sp in ag[0]
+                                                        for k in ("efficiency", "cosine")) + " |")
     if any(not r["finals"] for r in res["rows"].values()):
         L += ["", "A row not run here was last measured by older code, before the run store: "
               "`git show 63bcdd6:benchmarks/results/flite_vision.md` (21 of its 37 runs carried from still older results)."]

@@ -589,3 +589,23 @@ def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_
         assert common.record_path(there) is None and common.finished("row", there) is None
     finally:
         torch.set_num_threads(threads)
+
+
+def test_flite_vision_agreement_measures_what_averaging_keeps_of_the_clients_moves(tmp_path):
+    """agreement_of: identical moves keep everything (1), opposite ones nothing (0), K orthogonal equal ones 1/sqrt(K);
+    agreement on the tiny twin, FLITE and FedAvg under label skew: a bounded measure of a real move in both spaces."""
+    import torch
+    from conftest import tiny_config
+    from flite_vision import agreement, agreement_of
+    v = torch.randn(50)
+    assert abs(agreement_of(torch.stack([v, v, v]), [1, 2, 3])["efficiency"] - 1) < 1e-9
+    assert agreement_of(torch.stack([v, -v]), [1, 1])["efficiency"] < 1e-9
+    assert abs(agreement_of(torch.eye(4), [5] * 4)["efficiency"] - 0.5) < 1e-9
+    assert abs(agreement_of(torch.eye(4), [5] * 4)["cosine"] - 0.5) < 1e-9
+    for method, mo, lr in (("flite", {"r": 2, "head": "orthogonal", "codec": "fp32"}, 0.3), ("fedavg", {}, 1e-3)):
+        c = tiny_config("fmnist", method, tmp_path / method, lr=lr, clients=3, partition="dirichlet:0.1",
+                        method_options=mo).to_dict()
+        got = agreement(c)
+        assert set(got) == {"convolutions' weights", "trained parameters"}
+        for a in got.values():
+            assert 0 < a["efficiency"] <= 1 + 1e-9 and -1 <= a["cosine"] <= 1 and a["move_norm_median"] > 0
