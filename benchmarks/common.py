@@ -263,11 +263,12 @@ def placed(grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 
 def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False, runner=None,
-                 fresh_process: bool = False, only=None) -> list[dict]:
+                 fresh_process: bool = False, only=None, redo=()) -> list[dict]:
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
-    as not run; only (a set of labels): only those may run. runner / fresh_process: as run_grid's."""
+    as not run; only (a set of labels): only those may run; redo (labels): made again whatever is kept of them.
+    runner / fresh_process: as run_grid's."""
     grid = placed(grid)
-    done = {label: finished(label, c) for label, c in grid}
+    done = {label: None if label in redo else finished(label, c) for label, c in grid}
     for label, _ in grid:
         if done[label] is None and only is not None and label not in only:
             done[label] = {"label": label, "error": "not run: not asked for by this command, and not in the store"}
@@ -282,6 +283,22 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
         if "error" not in s and "bench" in s and record_path(c):
             keep(s)
     return out
+
+
+def chained(starts: list[tuple[str, dict]], grid: list[tuple[str, dict]], workers: int, from_runs: bool = False,
+            only=None, **run) -> tuple[list[dict], list[dict]]:
+    """Store runs that start from another store run's checkpoint (a probe's head): a config of `grid` whose "init" is
+    a label of `starts` starts from that run's folder. A start whose folder is gone (only its record is left) is made
+    again where a run of the grid that may run has not finished. run: reuse_or_run's runner / fresh_process for the
+    grid. -> (the starts' summaries, the grid's)."""
+    starts = placed(starts)
+    folder = {label: c["out"] for label, c in starts}
+    grid = placed([(label, {**c, "init": folder[c["init"]]} if c.get("init") else c) for label, c in grid])
+    wanted = {c["init"] for label, c in grid if c.get("init") and (only is None or label in only)
+              and finished(label, c) is None}
+    redo = () if from_runs else {label for label, c in starts if c["out"] in wanted
+                                 and not (Path(c["out"]) / "ckpt" / "latest.json").exists()}
+    return reuse_or_run(starts, workers, from_runs, redo=redo), reuse_or_run(grid, workers, from_runs, only=only, **run)
 
 
 def add_args(ap) -> None:

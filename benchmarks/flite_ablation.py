@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import RESULTS, meta, reuse_or_run, verdict, write  # noqa: E402
+from common import RESULTS, meta, verdict, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
 
@@ -55,7 +55,6 @@ VARIANTS = [
 ]
 REF = "FedAvg fp32"
 FLITE_LR = 1e-2          # FLITE's recommended latent lr (BASE's lr is full fine-tuning's)
-RUNS = Path("runs/bench-flite_ablation")
 
 
 def configs(rounds: int, seeds: list[int], quick: bool, only: set | None) -> tuple[list, list]:
@@ -65,17 +64,15 @@ def configs(rounds: int, seeds: list[int], quick: bool, only: set | None) -> tup
         base = {**BASE, "rounds": rounds, "seed": seed}
         if quick:
             base = {**base, **QUICK, "task_options": {**BASE["task_options"], **QUICK["task_options"]}}
-        probe_out = str(RUNS / f"probe-s{seed}")
-        for i, (label, m, opts, extra) in enumerate(VARIANTS):
+        for label, m, opts, extra in VARIANTS:
             if only and label not in only:
                 continue
             c = {**base, "method": m, "method_options": opts, "lr": FLITE_LR if m == "flite" else base["lr"],
-                 "task_options": {**base["task_options"], **extra.get("task_options", {})},
-                 "out": str(RUNS / f"v{i:02d}-s{seed}")}
-            if extra.get("probe"):
-                c["init"] = probe_out
-                if not any(p[1]["out"] == probe_out for p in probes):
-                    probes.append((f"probe s{seed}", {**base, "method": "probe", "rounds": 1, "lr": 0.0, "out": probe_out}))
+                 "task_options": {**base["task_options"], **extra.get("task_options", {})}}
+            if extra.get("probe"):          # starts from its seed's probe (common.chained: the probe's store folder)
+                c["init"] = f"probe s{seed}"
+                if not any(p[0] == c["init"] for p in probes):
+                    probes.append((c["init"], {**base, "method": "probe", "rounds": 1, "lr": 0.0}))
             grid.append((f"{label} s{seed}", c))
     return probes, grid
 
@@ -175,15 +172,11 @@ def main() -> None:
     if a.render:
         res = json.loads((RESULTS / f"{name}.json").read_text())
     else:
-        global RUNS
-        if a.quick:
-            RUNS = Path("runs/bench-flite_ablation_quick")
         seeds = [int(s) for s in a.seeds.split(",")]
         rounds = 1 if a.quick else a.rounds
         probes, grid = configs(rounds, seeds, a.quick, set(a.only.split(";")) if a.only else None)
         t = time.time()
-        ps = reuse_or_run(probes, a.workers, a.from_runs)
-        ss = reuse_or_run(grid, a.workers, a.from_runs)
+        ps, ss = common.chained(probes, grid, a.workers, a.from_runs)
         res = {"meta": meta("python benchmarks/flite_ablation.py " + " ".join(sys.argv[1:])),
                "config": {"base": BASE if not a.quick else {**BASE, **QUICK}, "rounds": rounds, "seeds": seeds,
                           "workers": a.workers, "runs": len(ps) + len(ss), "from_runs": a.from_runs},

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import RESULTS, meta, reuse_or_run, run_grid, verdict, write  # noqa: E402
+from common import RESULTS, meta, verdict, write  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
@@ -272,9 +272,8 @@ def runs_grid(kind: str, seeds, clips: dict | None = None) -> list[tuple[str, di
         def run(label, method, extra):
             m, opts, lr = METHODS[method]
             c = {**BASE, "method": m, "method_options": opts, "lr": lr, "seed": seed, **extra}
-            if m == "fedspzo":
-                c["init"] = probe_out(seed)
-            c["out"] = str(Path("runs") / "robustness" / (f"{kind}-{label}-s{seed}".replace(" ", "_").replace("/", "_")))
+            if m == "fedspzo":          # from its seed's probe (common.chained: the probe's store folder)
+                c["init"] = f"probe s{seed}"
             g.append((f"{kind}|{label}|s{seed}", c))
         if kind == "dp_clean":           # stage 1: clean runs that record the update norms
             for method in DP_METHODS:
@@ -298,16 +297,9 @@ def runs_grid(kind: str, seeds, clips: dict | None = None) -> list[tuple[str, di
     return g
 
 
-def probe_out(seed: int) -> str:
-    return str(Path("runs") / "robustness" / f"probe-s{seed}")
-
-
-def probes(seeds) -> None:
-    """The federated linear probe FedSPZO's hostile runs start from (one round, forward only; reused)."""
-    todo = [(f"probe s{s}", {**BASE, "method": "probe", "rounds": 1, "local_steps": 0, "lr": 0.0, "seed": s,
-                             "out": probe_out(s)}) for s in seeds if not (Path(probe_out(s)) / "summary.json").exists()]
-    if todo:
-        run_grid(todo, 2)
+def probes(seeds) -> list[tuple[str, dict]]:
+    """The federated linear probes FedSPZO's hostile runs start from (one round, forward only)."""
+    return [(f"probe s{s}", {**BASE, "method": "probe", "rounds": 1, "local_steps": 0, "lr": 0.0, "seed": s}) for s in seeds]
 
 
 def _hostile_one(args):
@@ -375,14 +367,12 @@ def part_runs(kind: str, seeds, workers, finished_only: bool = False) -> dict:
                         for m, v in norms.items()}
         out["markdown"] = _runs_md(kind, out["rows"], out["clips"])
         return out
-    if kind == "hostile" and not finished_only:
-        probes(seeds)
-    return _runs(kind, runs_grid(kind, seeds), workers, finished_only)
+    return _runs(kind, runs_grid(kind, seeds), workers, finished_only, probes(seeds) if kind == "hostile" else [])
 
 
-def _runs(kind: str, g, workers, finished_only: bool) -> dict:
-    sums = reuse_or_run(g, workers, finished_only, runner=_hostile_one if kind == "hostile" else None,
-                        fresh_process=kind == "hostile")
+def _runs(kind: str, g, workers, finished_only: bool, starts=()) -> dict:
+    sums = common.chained(list(starts), g, workers, finished_only, runner=_hostile_one if kind == "hostile" else None,
+                          fresh_process=kind == "hostile")[1]
     rows = {}
     for (label, c), s in zip(g, sums):
         key = label.rsplit("|", 1)[0].split("|", 1)[1]
@@ -397,8 +387,7 @@ def _runs(kind: str, g, workers, finished_only: bool) -> dict:
             r["eps"].append(s["dp"].get("epsilon"))
         r["dropped"].append(sum(len(v) for v in (s.get("dropped_by_round") or {}).values()))
         if kind in ("dp", "dp_clean") and c.get("dp_clip"):   # the clients' update norms before clipping (privacy.clip)
-            m = Path(s["out"]) / "metrics.jsonl"
-            cl = [x for rec in common.records(s["out"]) for x in rec.get("clients", [])] if m.exists() else []
+            cl = [x for rec in common.records(s["out"]) for x in rec.get("clients", [])]
             r.setdefault("norms", []).extend(x["dp_norm"] for x in cl if "dp_norm" in x)
             r.setdefault("clipped", []).extend(bool(x["dp_clipped"]) for x in cl if "dp_clipped" in x)
     for r in rows.values():

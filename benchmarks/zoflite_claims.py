@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import RESULTS, meta, records, reuse_or_run, verdict, wilson, write  # noqa: E402
+from common import RESULTS, meta, records, verdict, wilson, write  # noqa: E402
 
 from lightfed.report import human_bytes  # noqa: E402
 
@@ -56,7 +56,7 @@ from lightfed.report import human_bytes  # noqa: E402
 ZO_FLITE, ZO_FLITE_SPLIT = "ZO-FLITE (DeComFL's step in z)", "ZO-FLITE split (FedSPZO's step in z)"
 SETTINGS = {
     "probed": {
-        "name": "zoflite_claims", "calibration": "zoflite_claims_calibrate.md", "runs": Path("runs/bench-zoflite_claims"), "probe": True,
+        "name": "zoflite_claims", "calibration": "zoflite_claims_calibrate.md", "probe": True,
         "base": {"task": "sentiment", "clients": 10, "fraction": 0.5, "batch_size": 8, "local_steps": 10, "rounds": 20,
                  "partition": "iid", "eval_every": 1, "progress": False,
                  "task_options": {"train_size": 800, "test_size": 500, "max_len": 32}},
@@ -83,7 +83,7 @@ SETTINGS = {
         "first_order_lr": {"fedavg": 5e-5},  # AdamW on all 22.6M weights (as fedspzo_claims); LoRA: 5e-4
     },
     "prompt": {
-        "name": "zoflite_prompt", "calibration": "zoflite_prompt_calibrate.md", "runs": Path("runs/bench-zoflite_prompt"), "probe": False,
+        "name": "zoflite_prompt", "calibration": "zoflite_prompt_calibrate.md", "probe": False,
         # 2 clients a round x 20 steps of 8 prompts (<= 48 tokens, ~38 on average): 320 client steps a ZO run,
         # ~1.5 s a two-point step on one thread; 500 test prompts (one = 0.2 pp)
         "base": {"task": "psentiment", "clients": 10, "fraction": 0.2, "batch_size": 8, "local_steps": 20, "rounds": 8,
@@ -116,7 +116,7 @@ SETTINGS = {
 }
 # One seed of ZO-FLITE for thousands of client steps (40 rounds x 25 steps x 2 clients = 2,000; 1,000 aggregated
 # steps), beside the 3-seed grid's 320: does zeroth order in z go past recalibrating the label words?
-SETTINGS["prompt_long"] = {**SETTINGS["prompt"], "name": "zoflite_prompt_long", "runs": Path("runs/bench-zoflite_prompt_long"),
+SETTINGS["prompt_long"] = {**SETTINGS["prompt"], "name": "zoflite_prompt_long",
                            "base": {**SETTINGS["prompt"]["base"], "rounds": 40, "local_steps": 25, "eval_every": 4},
                            "methods": SETTINGS["prompt"]["methods"][:1]}
 GAIN = 0.02           # the target: the start's accuracy (round 0, mean over every run) + 2 pp
@@ -129,12 +129,10 @@ def _base(S: dict, quick: bool, seed: int) -> dict:
 
 def configs(S: dict, seeds, quick: bool, calibrate: bool = False, only: list[str] | None = None):
     """(probe runs, method runs) as [(label, config)], method by method (a grid cut short keeps whole methods)."""
-    runs = S["runs"].with_name(S["runs"].name + "_quick") if quick else S["runs"]
     probes, grid = [], []
-    probe = {seed: str(runs / f"probe-s{seed}") for seed in seeds} if S["probe"] else {}
+    probe = {seed: f"probe s{seed}" for seed in seeds} if S["probe"] else {}   # common.chained: its store folder
     for seed in probe:
-        probes.append((f"probe s{seed}", {**_base(S, quick, seed), "method": "probe", "rounds": 1, "local_steps": 0, "lr": 0.0,
-                                          "out": probe[seed]}))
+        probes.append((probe[seed], {**_base(S, quick, seed), "method": "probe", "rounds": 1, "local_steps": 0, "lr": 0.0}))
     for label, m, opts in S["methods"]:
         if only and m not in only:
             continue
@@ -145,14 +143,13 @@ def configs(S: dict, seeds, quick: bool, calibrate: bool = False, only: list[str
             if calibrate:
                 for lr in S["lrs"].get(m, ()):
                     c = {**b, "method": m, "method_options": opts, "clients": 1, "fraction": 1.0,
-                         "rounds": 1 if quick else 3, "local_steps": 2 if quick else 25, "lr": lr, "eval_every": 3,
-                         "out": str(runs / f"calibrate-{m}-lr{lr:g}")}
+                         "rounds": 1 if quick else 3, "local_steps": 2 if quick else 25, "lr": lr, "eval_every": 3}
                     grid.append((f"{label} | lr {lr:g} | s{seed}", c))
                 continue
             lr = S["lr"].get(m)
             c = {**b, **({} if lr else S["first_order"]), **S.get("run_options", {}).get(m, {}), "method": m,
                  "method_options": opts,
-                 "lr": lr or S.get("first_order_lr", {}).get(m, 5e-4), "out": str(runs / f"{m}-s{seed}")}
+                 "lr": lr or S.get("first_order_lr", {}).get(m, 5e-4)}
             grid.append((f"{label} | s{seed}", c))
     return probes, grid
 
@@ -468,8 +465,7 @@ def main(argv=None) -> None:
     name = S["name"] + ("_calibrate" if a.calibrate else "") + ("_quick" if a.quick else "")
     probes, grid = configs(S, seeds, a.quick, calibrate=a.calibrate, only=[m for m in a.methods.split(",") if m])
     t0 = time.time()
-    ps = reuse_or_run(probes, a.workers, a.from_runs)
-    ss = reuse_or_run(grid, a.workers, a.from_runs)
+    ps, ss = common.chained(probes, grid, a.workers, a.from_runs)
     cmd = "python benchmarks/zoflite_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.calibrate:
         L = [f"# ZO learning rates in z-space and on the weights ({time.strftime('%Y-%m-%d %H:%M')})\n", f"Command: `{cmd}`  ",

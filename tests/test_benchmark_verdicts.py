@@ -591,6 +591,37 @@ def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_
         torch.set_num_threads(threads)
 
 
+def test_a_chained_store_run_starts_from_its_starts_folder_and_a_gone_start_is_made_again_only_when_needed(tmp_path, monkeypatch):
+    """common.chained: a grid run naming a start's label in "init" starts from that start's store folder; with both
+    folders gone (records only) nothing runs again; a new grid run whose start's checkpoint is gone makes the start
+    again, then itself."""
+    import shutil
+
+    import common
+    import torch
+    for k, v in (("STORE", tmp_path / "store"), ("RECORDED", tmp_path / "store"), ("RECORDS", tmp_path / "records")):
+        monkeypatch.setattr(common, k, v)
+    threads = torch.get_num_threads()
+    c = {"task": "synthetic", "method": "fedavg", "clients": 2, "rounds": 1, "local_steps": 1, "batch_size": 4,
+         "lr": 1e-2, "progress": False, "task_options": {"kind": "clf"}}
+    runs = []
+    monkeypatch.setattr(common, "run_grid", lambda todo, *a, **k: runs.append([l for l, _ in todo]) or
+                        [common._run_one(g) for g in todo])
+    starts, grid = [("start", c)], [("next", {**c, "lr": 2e-2, "init": "start"})]
+    try:
+        (s0,), (s1,) = common.chained(starts, grid, workers=1)
+        assert runs == [["start"], ["next"]] and s1["bench"]["config"]["init"] == s0["bench"]["config"]["out"]
+        for s in (s0, s1):
+            shutil.rmtree(s["bench"]["config"]["out"])
+        (r0,), (r1,) = common.chained(starts, grid, workers=1)           # both finished: their records
+        assert len(runs) == 2 and r1["final"] == s1["final"]
+        (_, (n1,)) = common.chained(starts, [("other", {**c, "lr": 3e-2, "init": "start"})], workers=1)
+        assert runs[2:] == [["start"], ["other"]] and "error" not in n1
+        assert (Path(s0["bench"]["config"]["out"]) / "ckpt" / "latest.json").exists()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_flite_vision_agreement_measures_what_averaging_keeps_of_the_clients_moves(tmp_path):
     """agreement_of: identical moves keep everything (1), opposite ones nothing (0), K orthogonal equal ones 1/sqrt(K);
     agreement on the tiny twin, FLITE and FedAvg under label skew: a bounded measure of a real move in both spaces."""
