@@ -90,13 +90,13 @@ BASELINES = [("FedAvg+LoRA", "lora", {}, "lora"), ("FedProx (LoRA, mu 1)", "lora
 INTERNALS = {"fedprox": ("penalty_share",), "fedala": ("ala_one_minus_w",), "fedssi": ("omega_mean", "penalty_share")}
 LORA_LR = 1e-3
 # FedNL's rows (label, lr_decay, folder slug, task options added, method options added, controls: the model
-# evaluated with its memory reset per chunk, and its CE curves). "stream LM loss" adds the haystack's next-token NLL
+# evaluated with its memory reset per chunk, and its CE curves[, run settings: its own lr]). "stream LM loss" adds the haystack's next-token NLL
 # (lm_weight 1); "forgetting gate" starts Gated DeltaNet's a_t at 1 - 1e-3 (a write fades to e^-1 in ~16 chunks, the
 # length the retrieval target asks 0.5 at; not tuned).
 FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, {}, True), ("FedNL, constant lr", "none", "fednl", {}, {}, False),
               ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, {}, True),
               ("FedNL, stream LM loss, forgetting gate", "cosine", "fednl-lm-forget", {"lm_weight": 1.0}, {"forget": 1e-3}, True)]
-CONTROLLED = {name for name, *_, ctl in FEDNL_ROWS if ctl}
+CONTROLLED = {r[0] for r in FEDNL_ROWS if r[5]}
 
 
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
@@ -178,10 +178,11 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
            "eval_every": size["rounds"], "partition": "iid"}
     g = []
     for seed in seeds:
-        for name, decay, slug, extra, mo, _ in FEDNL_ROWS:
+        for name, decay, slug, extra, mo, _, *run in FEDNL_ROWS:
             if methods is None or name in methods:
                 g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": {**recipe, **mo},
-                                              "lr_decay": decay, "task_options": {**size["task"], **extra}}))
+                                              "lr_decay": decay, "task_options": {**size["task"], **extra},
+                                              **(run[0] if run else {})}))
         for label, m, mo, slug in (BASELINES if baseline_seeds is None or seed in baseline_seeds else []):
             for setting, window in (("windowed", UNIT), ("full attention", 0)):
                 name = f"{label}, {setting}"
@@ -354,6 +355,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             continue
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
         r.setdefault("trainable", s["trainable_params"])
+        r.setdefault("lr", f"{c['lr']:g} {c.get('lr_decay') or 'none'}")      # the row's own lr and schedule, as run
         if slugs[name] in INTERNALS:
             r.setdefault("internals", []).append(common.derived(c, "internals", lambda c, k=slugs[name]: internals(c, k)))
         if name in CONTROLLED:              # the control: the same trained model, its memory emptied at every chunk
@@ -508,16 +510,17 @@ def markdown_retrieval(r: dict) -> list[str]:
          f"{s.get('lr_decay', 'none')} (FedNL, constant lr: the first grid, its lr the same in every round). Exact match of "
          "the 7 digits, mean ± sd over seeds, over the depths outside the question's chunk; the last column: the needle in "
          "the question's own chunk.\n",
-         "| row | " + " | ".join(f"{L_} chunks ({int(L_) * UNIT} tok)" for L_ in lens) + " | in the question's chunk | seeds |",
-         "|---|" + "---|" * (len(lens) + 2)]
+         "| row | " + " | ".join(f"{L_} chunks ({int(L_) * UNIT} tok)" for L_ in lens) + " | in the question's chunk | seeds | lr, decay | up B / client / round |",
+         "|---|" + "---|" * (len(lens) + 4)]
     for name, row in r["rows"].items():
         if not row["cells"]:
-            L.append(f"| {name} | " + " | ".join("-" for _ in lens) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed'} |")
+            L.append(f"| {name} | " + " | ".join("-" for _ in lens) + f" | - | {why(row['errors'][0]) if row['errors'] else 'failed'} | | |")
             continue
         per = [by_length(c) for c in row["cells"]]
         inq = [np.mean([v for k, v in c.items() if k.endswith("/1")]) for c in row["cells"]]
         L.append(f"| {name} | " + " | ".join(pm([p.get(L_) for p in per]) for L_ in lens)
-                 + f" | {pm(inq)} | {', '.join(map(str, row['seeds']))} |")
+                 + f" | {pm(inq)} | {', '.join(map(str, row['seeds']))} | {row.get('lr', '-')} | "
+                 + (f"{row['up_bytes']:,.0f} |" if row.get("up_bytes") else "- |"))
     base = [(n, row) for n, row in r["rows"].items() if row.get("internals") or row.get("distance_from_fedavg_lora")]
     if base:
         L += ["", "The baselines' own mechanisms (mean over clients, rounds and seeds): FedProx's and FedSSI's penalty share "
