@@ -48,6 +48,10 @@ ROWS = [
     # since it changes only how the upload rounds (with fp32 latents the two are the same run)
     ("flite_delta", "FLITE, int4 latents uploaded as the round's move (lightfed's delta)", "flite", {**PAPER, "delta": True},
      {}, ["iid"], "claim"),
+    # what averaging costs (issue 47, item 1): the fp32 row with no federation, one client holding all 6,000 images for
+    # the federated run's 1,000 client steps (20 rounds x 50), at the same lr (ROW_RUN)
+    ("flite_central", "FLITE, fp32 latents, centralised (1 client, all images, the same 1,000 steps: no averaging)", "flite",
+     {**PAPER, "codec": "fp32"}, {}, ["iid"], "claim"),
     # the trained head travels as fp32 (int4 on a head is int4 on absolute weights: its loss swung 1.5-2.2 by round,
     # and at head lr 1e-2 reached 30-40): compare it with the fp32-latent row, which differs from it by the head only
     ("flite_head", "FLITE, trained head (fp32 latents and head)", "flite", {**PAPER, "head": "trainable", "codec": "fp32"}, {},
@@ -72,8 +76,9 @@ ROWS = [
     ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "claim"),
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
+ROW_RUN = {"flite_central": {"clients": 1, "fraction": 1.0, "local_steps": 50}}    # a row's run settings, BASE's otherwise
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
-LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
+LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_central": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
          "flite_r16g": "flite_r16g", "flite_wscale": "flite_wscale",
          "fedavg": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
@@ -163,7 +168,8 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None, part
             if parts and part not in parts:
                 continue
             for s in (seeds if role == "claim" else seeds[:1]):
-                c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part, "seed": s}
+                c = {**BASE, "method": m, "method_options": mo, "task_options": {**TASK, **to}, "partition": part, "seed": s,
+                     **ROW_RUN.get(key, {})}
                 if quick:
                     c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
                 c = set_lr(c, key, lrs[LR_OF[key]]) if LR_OF[key] else {**c, **ONCE}
@@ -368,6 +374,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     if dl and i4:
         out.append(("delta upload above the paper's absolute int4 upload", verdict(dl, i4, False)
                     + f" (delta - absolute = {gap('flite_delta', 'flite')})"))
+    ce = f("flite_central")
+    if ce and f32:                  # the codec gone (fp32 both), what is left between them is the averaging
+        out.append(("what averaging costs: fp32 latents centralised (same steps) above federated", verdict(ce, f32, False)
+                    + f" (centralised - federated = {gap('flite_central', 'flite_fp32')})"))
     if i4 and f32:
         for s, x in zip(rows["flite_fp32|iid"]["seeds"], rows["flite_fp32|iid"].get("int4_roundtrip") or []):
             if x:       # is the loss the rounding of the final model, or int4's effect on training?
