@@ -518,6 +518,7 @@ def main():
                   "trivia": lambda: part_trivia(size, seeds, a.workers)}[p]()
         if p == "passkey":
             res["retrieval"], res["retrieval_judged"] = res[p]["retrieval"], res[p]["retrieval_judged"]
+            res["uplink_bytes"] = res[p]["uplink_bytes"]
         res[p]["seconds"] = time.time() - t
         if p in ("bytes", "memory", "ce", "trivia"):
             res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part

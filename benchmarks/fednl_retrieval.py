@@ -425,6 +425,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     lengths = [int(x) for x in size["task"]["lengths"].split(",")]
     return {"rows": rows, "retrieval": grid_retrieval(rows, lengths), "retrieval_judged": judged_retrieval(rows),
+            "uplink_bytes": {name: r["up_bytes"] for name, r in rows.items() if r.get("up_bytes")},   # per client per round
             "recipe": recipe, "setting": {"size": size_name, **{k: size[k] for k in ("rounds", "local_steps")},
             "task": size["task"], "judge": size["judge"], "clients": 4, "per_round": 2, "batch": BASE["batch_size"], "lr": {"fednl": BASE["lr"], "lora-family": LORA_LR},
             "lr_decay": {"FedNL": "cosine", "others": "none"}},
