@@ -100,9 +100,10 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # (at head lr 1e-3, z 0.1 had beaten 0.3 by 4 images).
 # flite_obase's sweep first ran 0.3..10 and chose 0.3 at its lower edge (0.757 vs 0.480 at 1): 0.1 and 0.03 were added;
 # flite_r16g's likewise (0.3..10 chose 0.3, 0.767 vs 0.717 at 1); flite_wscale's first sweep 3e-3..0.1 chose 0.1 at its top
-# edge (0.287 vs 0.280 at 0.03): 0.3 and 1 were added.
+# edge (0.287 vs 0.280 at 0.03): 0.3 and 1 were added; 1 sat on top again (0.473 vs 0.450 at 0.3, moving the
+# convolutions 7.5x): 3 and 10 were added.
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
-         "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
+         "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
