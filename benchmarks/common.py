@@ -6,8 +6,7 @@ each, so that runs side by side see the same machine) or reused, statistics and 
                                                         the code it executed is unchanged (bench.json "code_used":
                                                         lightfed.provenance's fingerprint of every function the run
                                                         ran; runs recorded without one: summary "code", the hash of
-                                                        all of src/lightfed); --reuse-stale (explicit) also takes runs
-                                                        made by other code, and the results name them
+                                                        all of src/lightfed)
     a config without "out" lives in the run store: runs/store/<task>-<method>-<hash of the config>, so that a row
     whose settings change gets a new folder and the old run stays what it was; its record (records/<folder>.json,
     committed: the summary and bench.json) stands in for the folder on a machine that lacks it
@@ -34,9 +33,7 @@ STORE = Path("runs/store")
 RECORDED = STORE                              # the store whose runs are recorded in RECORDS
 RECORDS = Path(__file__).parent / "records"   # committed: each finished store run's summary, who made it, and what was
                                               # derived from its checkpoint (the store's folders do not outlive a machine)
-REUSE_STALE = False          # set by a script's --reuse-stale: take runs made by other code, and say so
 PLACE: dict = {}             # set by --device / --dtype: where every run of the grid computes (recorded in its config)
-STALE: dict[str, str] = {}   # label -> the code hash of a stale run that was reused (reported by meta())
 
 
 def mark_start(cfg_dict: dict) -> None:
@@ -179,43 +176,20 @@ def source_of(*objs) -> str:
     return h.hexdigest()[:12]
 
 
-def effective(s: dict, want: dict) -> dict:
-    """A finished run's config; for FLITE, the map options `want` names but the run left to the defaults of its
-    day are read from its method_info (r, head): runs made before FLITE's defaults moved (r 6 -> 20, head
-    orthogonal -> trainable) match the variant that now names those options explicitly."""
-    c = dict(s["config"])
-    info = s.get("method_info") or {}
-    if c.get("method") == "flite" and info.get("layers"):
-        ran = dict(c.get("method_options", {}))
-        eff = {"r": round((info["latent"] / info["layers"]) ** 0.5), "head": info.get("head")}
-        c["method_options"] = {**{k: v for k, v in eff.items() if k in want.get("method_options", {})}, **ran}
-    return c
-
-
 def finished(label: str, c: dict) -> dict | None:
-    """The summary of a run already made with config c (in c["out"], or its record when that folder is gone) by this
-    code (or, with REUSE_STALE, by any code: recorded in STALE), or None."""
+    """The summary of a run already made with config c (in c["out"], or its record when that folder is gone) by the
+    code at hand, or None."""
     p, b, rec = Path(c["out"]) / "summary.json", _bench(Path(c["out"])), record_path(c)
-    if p.exists():
+    if p.exists() and b is not None:
         s = json.loads(p.read_text())
     elif rec and rec.exists():
         s = json.loads(rec.read_text())
         b = s["bench"]
     else:
         return None
-    if b is not None:                   # the config the benchmark asked for, as it asked
-        if b["config"] != c:
-            return None
-        s["bench"] = b
-    else:                               # runs made before bench.json: their resolved config
-        ran = effective(s, c)
-        if {k: ran.get(k) for k in c if k != "progress"} != {k: v for k, v in c.items() if k != "progress"}:
-            return None
-    if not at_hand(s):
-        if not REUSE_STALE:
-            return None
-        STALE[label] = s.get("code") or "(before code hashes)"
-    return {**s, "label": label}
+    if b["config"] != c or not at_hand({**s, "bench": b}):      # another config asked, or made by other code
+        return None
+    return {**s, "bench": b, "label": label}
 
 
 def record_path(c: dict) -> Path | None:
@@ -305,16 +279,12 @@ def add_args(ap) -> None:
     """The flags every claims script takes."""
     ap.add_argument("--workers", type=int, default=2, help="runs side by side (one torch thread each)")
     ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
-    ap.add_argument("--reuse-stale", action="store_true", help="also reuse finished runs made by other code (named in "
-                    "the results); by default such runs are made again")
     ap.add_argument("--device", default="", help="where every run computes: auto | cpu | cuda | cuda:N (default: each "
                     "config's own, the CPU unless it says)")
     ap.add_argument("--dtype", default="", help="fp32 | bf16 for every run (default: each config's own)")
 
 
 def configure(a) -> None:
-    global REUSE_STALE
-    REUSE_STALE = bool(getattr(a, "reuse_stale", False))
     PLACE.clear()
     PLACE.update({k: getattr(a, k) for k in ("device", "dtype") if getattr(a, k, "")})
     if PLACE:
@@ -326,7 +296,7 @@ def meta(command: str, **extra) -> dict:
     import torch
     return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
             "machine": platform.machine(), "python": platform.python_version(), "code": code(),
-            **({"stale_runs_reused": dict(STALE)} if STALE else {}), **extra}
+            **extra}
 
 
 def write(name: str, data: dict, md: str) -> Path:

@@ -523,8 +523,6 @@ def main():
         if p in ("bytes", "memory", "ce", "trivia"):
             res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part
         res[p]["command"] = res["meta"]["command"]
-        if common.STALE:                         # runs made by other code, reused (--reuse-stale): known only now
-            res["meta"]["stale_runs_reused"] = dict(common.STALE)
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
         write(a.name, res, markdown(res))
         plot(res, a.name)
