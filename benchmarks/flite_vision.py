@@ -499,7 +499,7 @@ def plot(res: dict, name: str) -> None:
     plt = common.pyplot()
     label = {k: lab for k, lab, *_ in ROWS}
     color = {k: f"C{i}" if i < 10 else "black" for i, (k, *_) in enumerate(ROWS)}   # one per row, both panels
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 6.2))
     for k, r in res["rows"].items():
         if not r["finals"] or r["partition"] != "iid":
             continue
@@ -509,7 +509,7 @@ def plot(res: dict, name: str) -> None:
     a.set_xscale("log")
     a.set(xlabel="uplink bytes per client per round (len of the message)", ylabel="test accuracy",
           title="accuracy vs uplink (IID; bars: seed range)")
-    a.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.12, 0.16))   # between FLITE's points and int4 FedAvg's
+    a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))   # below the axes: never over a point
     for k, r in res["rows"].items():
         for j, cur in enumerate(r["curves"]):
             xs, ys = zip(*cur)
