@@ -96,25 +96,26 @@ LORA_LR = 1e-3
 FEDNL_ROWS = [("FedNL", "cosine", "fednl-cos", {}, {}, True), ("FedNL, constant lr", "none", "fednl", {}, {}, False),
               ("FedNL, stream LM loss", "cosine", "fednl-lm", {"lm_weight": 1.0}, {}, True),
               ("FedNL, stream LM loss, forgetting gate", "cosine", "fednl-lm-forget", {"lm_weight": 1.0}, {"forget": 1e-3}, True),
-              # issue 48: theta = theta_0 + map(z), z (int4) the only upload, at the lr the recipe's latent rows chose on
-              # validation streams ("latent": latent_lr; the row waits until they all finished)
-              ("FedNL in FLITE latents", "cosine", "fednl-latent", {}, {"latent_r": 8, "codec": "int4"}, False, {"lr": "latent"})]
+              # issue 48: theta = theta_0 + map(z), z the only upload, with the latent options and lr the recipe's latent
+              # rows chose on validation streams ("latent": latent_choice; the row waits until they all finished)
+              ("FedNL in FLITE latents", "cosine", "fednl-latent", {}, {}, False, {"lr": "latent"})]
 CONTROLLED = {r[0] for r in FEDNL_ROWS if r[5]}
 
 
 LATENT_ROWS = [r for r in RECIPE if "rules as FLITE latents" in r[0]]
 
 
-def latent_lr(size: dict) -> float | None:
-    """The rules-as-latents lr: that of the recipe's latent row with the highest validation exact match outside the
-    question's chunk (None until each of those rows has finished)."""
+def latent_choice(size: dict) -> tuple[dict, float] | None:
+    """The rules-as-latents recipe: (method options, lr) of the recipe's latent row with the highest validation exact
+    match outside the question's chunk (ties: the first row); None until each of those rows has finished."""
     got = []
-    for label, c in recipe_grid(size, LATENT_ROWS):
+    for i, (label, c) in enumerate(recipe_grid(size, LATENT_ROWS)):
         s = common.finished(label, c)
         if s is None:
             return None
-        got.append((float(np.mean([v for k, v in s["cells"]["passkey"].items() if not k.endswith("/1")])), c["lr"]))
-    return max(got)[1]
+        got.append((float(np.mean([v for k, v in s["cells"]["passkey"].items() if not k.endswith("/1")])), -i,
+                    c["method_options"], c["lr"]))
+    return max(got, key=lambda g: g[:2])[2:]
 
 
 def recipe_grid(size: dict, rows=RECIPE) -> list[tuple[str, dict]]:
@@ -198,7 +199,8 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
     for seed in seeds:
         for name, decay, slug, extra, mo, _, *run in FEDNL_ROWS:
             if run and run[0].get("lr") == "latent":
-                run = [{**run[0], "lr": latent_lr(size)}] if latent_lr(size) is not None else None
+                best = latent_choice(size)
+                run, mo = ([{**run[0], "lr": best[1]}], {**mo, **best[0]}) if best else (None, mo)
             if run is not None and (methods is None or name in methods):
                 g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": {**recipe, **mo},
                                               "lr_decay": decay, "task_options": {**size["task"], **extra},
@@ -368,7 +370,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
                                                                  for w in ("windowed", "full attention")}
     rows: dict[str, dict] = {name: {"seeds": [], "cells": [], "errors": ["not run: its lr is not chosen on validation "
                                                                         "streams yet (the recipe's latent rows)"]}
-                             for name, *_, run in FEDNL_ROWS if run == {"lr": "latent"} and latent_lr(size) is None}
+                             for name, *_, run in FEDNL_ROWS if run == {"lr": "latent"} and latent_choice(size) is None}
     ce: dict[str, list] = {}
     for (label, c), s in zip(grid, sums):
         name = label.rsplit(" s", 1)[0]

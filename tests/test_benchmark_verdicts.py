@@ -643,8 +643,8 @@ def test_flite_vision_agreement_measures_what_averaging_keeps_of_the_clients_mov
 
 
 def test_fednl_in_flite_latents_waits_for_its_lr_and_takes_the_one_validation_streams_chose(monkeypatch):
-    """The passkey grid's latent row runs at the lr of the recipe's latent row with the best validation exact match
-    outside the question's chunk; until each of those rows finished, it is not in the grid (reported as not run)."""
+    """The passkey grid's latent row runs with the options and lr of the recipe's latent row with the best validation
+    exact match outside the question's chunk; until each of those rows finished, it is not in the grid."""
     import common
     import fednl_retrieval as R
     from fednl_claims import RECIPE
@@ -656,9 +656,9 @@ def test_fednl_in_flite_latents_waits_for_its_lr_and_takes_the_one_validation_st
         return {"cells": {"passkey": {"4/0": score[c["lr"]], "4/1": 1.0}}} if c["lr"] in done else None
     monkeypatch.setattr(common, "finished", finished)
     done.update({1e-2: 1, 1e-1: 1})
-    assert R.latent_lr(size) is None
+    assert R.latent_choice(size) is None
     assert not [l for l, _ in R.retrieval_grid(size, [0], RECIPE) if l.startswith("FedNL in FLITE latents")]
     done[1.0] = 1
-    assert R.latent_lr(size) == 1e-1
+    assert R.latent_choice(size)[1] == 1e-1
     (c,) = [c for l, c in R.retrieval_grid(size, [0], RECIPE) if l.startswith("FedNL in FLITE latents")]
     assert c["lr"] == 1e-1 and c["method_options"]["latent_r"] == 8 and c["method_options"]["codec"] == "int4"
