@@ -546,6 +546,19 @@ def test_a_hostile_run_records_who_made_it_like_every_benchmark_run(tmp_path):
     assert common.finished("x", c)["final"] == s["final"]        # reused as it was asked for
 
 
+def tiny_store(tmp_path, monkeypatch, note):
+    """A run store and its records under tmp_path, a tiny config, and the list each run_grid call appends note(todo) to."""
+    import common
+    for k, v in (("STORE", tmp_path / "store"), ("RECORDED", tmp_path / "store"), ("RECORDS", tmp_path / "records")):
+        monkeypatch.setattr(common, k, v)
+    c = {"task": "synthetic", "method": "fedavg", "clients": 2, "rounds": 1, "local_steps": 1, "batch_size": 4,
+         "lr": 1e-2, "progress": False, "task_options": {"kind": "clf"}}
+    runs = []
+    monkeypatch.setattr(common, "run_grid", lambda todo, *a, **k: runs.append(note(todo)) or
+                        [common._run_one(g) for g in todo])
+    return c, runs
+
+
 def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_checkpoint(tmp_path, monkeypatch):
     """A finished store run leaves a record (benchmarks/records/<folder>.json: its summary and bench.json); on a machine
     without the run's folder the record is reused as the run was (same provenance), and a value derived from the
@@ -556,13 +569,8 @@ def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_
 
     import common
     import torch
-    for k, v in (("STORE", tmp_path / "store"), ("RECORDED", tmp_path / "store"), ("RECORDS", tmp_path / "records")):
-        monkeypatch.setattr(common, k, v)
     threads = torch.get_num_threads()
-    c = {"task": "synthetic", "method": "fedavg", "clients": 2, "rounds": 1, "local_steps": 1, "batch_size": 4,
-         "lr": 1e-2, "progress": False, "task_options": {"kind": "clf"}}
-    runs = []
-    monkeypatch.setattr(common, "run_grid", lambda todo, *a, **k: runs.append(todo) or [common._run_one(g) for g in todo])
+    c, runs = tiny_store(tmp_path, monkeypatch, lambda todo: todo)
     calls = []
 
     def norm(c):                                # a value only the checkpoint holds
@@ -599,14 +607,8 @@ def test_a_chained_store_run_starts_from_its_starts_folder_and_a_gone_start_is_m
 
     import common
     import torch
-    for k, v in (("STORE", tmp_path / "store"), ("RECORDED", tmp_path / "store"), ("RECORDS", tmp_path / "records")):
-        monkeypatch.setattr(common, k, v)
     threads = torch.get_num_threads()
-    c = {"task": "synthetic", "method": "fedavg", "clients": 2, "rounds": 1, "local_steps": 1, "batch_size": 4,
-         "lr": 1e-2, "progress": False, "task_options": {"kind": "clf"}}
-    runs = []
-    monkeypatch.setattr(common, "run_grid", lambda todo, *a, **k: runs.append([l for l, _ in todo]) or
-                        [common._run_one(g) for g in todo])
+    c, runs = tiny_store(tmp_path, monkeypatch, lambda todo: [label for label, _ in todo])
     starts, grid = [("start", c)], [("next", {**c, "lr": 2e-2, "init": "start"})]
     try:
         (s0,), (s1,) = common.chained(starts, grid, workers=1)
