@@ -200,11 +200,10 @@ def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = N
     Every run in the store (common.placed)."""
     fed = {**BASE, "clients": 4, "fraction": 0.5, "rounds": size["rounds"], "local_steps": size["local_steps"],
            "eval_every": size["rounds"], "partition": "iid"}
-    g = []
+    g, best = [], latent_choice(size)           # read from the store once, not per seed
     for seed in seeds:
         for name, decay, slug, extra, mo, _, *run in FEDNL_ROWS:
             if run and run[0].get("lr") == "latent":
-                best = latent_choice(size)
                 run, mo = ([{**run[0], "lr": best[1]}], {**mo, **best[0]}) if best else (None, mo)
             if run is not None and (methods is None or name in methods):
                 g.append((f"{name} s{seed}", {**fed, "method": "fednl", "seed": seed, "method_options": {**recipe, **mo},
