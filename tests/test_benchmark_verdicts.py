@@ -82,15 +82,17 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from lightfed import config as C
     from lightfed.engine import local
     from flite_vision import LR_OF, ONCE, PAIRED, ROWS, SWEEP, calibration_grid, grid
-    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3]}
+    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
+           "fedavg@dirichlet:0.1": 1e-5}      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
     g = grid([0, 1, 2], quick, lrs)
     cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
     for label, c in g + cal:
         local.check(C.from_dict(c))
     for label, c in g:
-        key = label.split("|")[0]
-        want = lrs[LR_OF[key]] if LR_OF[key] else None
+        key, part, _ = label.split("|")
+        want = lrs.get(f"{LR_OF[key]}@{part}", lrs[LR_OF[key]]) if LR_OF[key] else None
+        assert (want == 1e-5) == (LR_OF[key] == "fedavg" and part == "dirichlet:0.1")
         if key in PAIRED:           # z's lr and the trained head's
             assert [c["lr"], c["method_options"]["head_lr"]] == want
         else:
@@ -101,6 +103,8 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     assert len(g) == len({common.store_folder(c) for _, c in g})      # every run its own folder in the store
     heads = [(c["lr"], c["method_options"]["head_lr"]) for label, c in cal if label.startswith("flite_head ")]
     assert heads == list(SWEEP["flite_head"])
+    parts = {label.split(" ")[0]: c["partition"] for label, c in cal}     # a kind "<row>@<partition>" sweeps there
+    assert parts["fedavg@dirichlet:0.1"] == "dirichlet:0.1" and parts["fedavg"] == "iid"
 
 
 def test_wilson_interval_matches_a_hand_computation():
