@@ -22,11 +22,16 @@ def never(v):
     return v - 1
 
 
+if RATE:
+    def h(v):                        # a def under an `if` (as measure.py registers its flop formulas) is indexed too
+        return v * 3
+
+
 class C:
     kind = "a"
 
     def run(self, x):
-        return f(x)
+        return f(x) + [h(0)]
 '''
 
 
@@ -43,18 +48,19 @@ def test_a_trace_records_the_functions_that_ran_and_only_their_edits_count(tmp_p
     path.write_text(SOURCE)
     mod = _load(path)
     with provenance.Trace() as t:
-        assert mod.C().run([1, 2]) == [4, 6, 1, 2]
+        assert mod.C().run([1, 2]) == [4, 6, 1, 2, 0]
     used = t.fingerprint()
     if used is None:                      # a debugger or coverage holds the tracer: nothing can be recorded here
         assert sys.gettrace() is not None
         return
-    assert set(used) == {"toy.py", "toy.py::f", "toy.py::g", "toy.py::C.run"}   # the lambda and listcomp count as f
-    assert provenance.changed(used) == []
+    assert set(used) == {"toy.py", "toy.py::f", "toy.py::g", "toy.py::h", "toy.py::C.run"}   # the lambda and listcomp count as f
+    assert all(used.values()) and provenance.changed(used) == []      # every function that ran has a fingerprint
     edits = {   # an edit -> what it changes for this run
         SOURCE.replace("return v - 1", "return v - 2"): [],                          # a function the run never called
         SOURCE.replace("# a comment", "# another comment"): [],                       # comments do not count
         SOURCE.replace("return v + 1", "return v + 3"): ["toy.py::g"],
         SOURCE.replace("lambda v: v", "lambda v: -v"): ["toy.py::f"],                 # a lambda inside f
+        SOURCE.replace("return v * 3", "return v * 4"): ["toy.py::h"],                # the def under `if`
         SOURCE.replace("RATE = 2", "RATE = 3"): ["toy.py"],                          # a module constant
         SOURCE.replace('kind = "a"', 'kind = "b"'): ["toy.py"],                      # a class attribute
     }
@@ -75,4 +81,4 @@ def test_a_real_run_is_fingerprinted_by_the_code_it_ran(tmp_path):
         return
     assert "methods/flite.py::FLITE.client_update" in used and "engine/protocol.py::client_round" in used
     assert not any(k.startswith(("methods/mezo.py", "methods/fednl.py", "export.py")) for k in used)
-    assert provenance.changed(used) == []
+    assert all(used.values()) and provenance.changed(used) == []

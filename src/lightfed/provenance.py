@@ -39,6 +39,8 @@ def _index(source: str) -> dict[str, str]:
                 out[prefix + child.name] = _sha(ast.dump(child))
             elif isinstance(child, ast.ClassDef):
                 walk(child, prefix + child.name + ".")
+            elif isinstance(child, ast.stmt):       # a def under `if`, `try`, `with`, ...: still the module's (or class's)
+                walk(child, prefix)
 
     walk(tree, "")
     skeleton = copy.deepcopy(tree)
