@@ -191,7 +191,7 @@ ROWS = {
         claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g')[3]['r']} "
                         f"{d['rows']['flite_r16g|iid']['method_info']['latent']:,} 1 "
                         f"{len(d['rows']['flite_r16g|iid']['seeds'])}"),
-    "The same FLITE no worse than FedAvg fp32 - 1 pp under Dirichlet(0.1) (3 seeds)": dict(
+    "The same FLITE no worse than FedAvg fp32 - 1 pp under Dirichlet(0.1) (3 seeds, each lr chosen on Dirichlet validation)": dict(
         json="flite_vision_rank.json",
         measured=lambda d: [vision_mean(d, f"{k}|dirichlet:0.1") for k in ("flite_r16g", "fedavg")],
         verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g within 1 pp of FedAvg fp32 (dirichlet:0.1)")[1],
