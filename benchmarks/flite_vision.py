@@ -43,7 +43,7 @@ PAPER = {"r": 8, "head": "orthogonal", "codec": "int4"}            # 20 convolut
 # plot's compressors and LoRA run 3 seeds too, so their points carry a range)
 ROWS = [
     ("flite", "FLITE (1,280 int4 latents, frozen orthogonal head)", "flite", PAPER, {}, ["iid", "dirichlet:0.1"], "claim"),
-    ("flite_fp32", "FLITE, fp32 latents", "flite", {**PAPER, "codec": "fp32"}, {}, ["iid"], "claim"),
+    ("flite_fp32", "FLITE, fp32 latents", "flite", {**PAPER, "codec": "fp32"}, {}, ["iid", "dirichlet:0.1"], "claim"),
     # lightfed's int4 upload: the round's move z_k - z^t, not z_k (the down link stays int4 z); the same lr as FLITE's,
     # since it changes only how the upload rounds (with fp32 latents the two are the same run)
     ("flite_delta", "FLITE, int4 latents uploaded as the round's move (lightfed's delta)", "flite", {**PAPER, "delta": True},
@@ -54,8 +54,10 @@ ROWS = [
      {**PAPER, "codec": "fp32"}, {}, ["iid"], "claim"),
     # the trained head travels as fp32 (int4 on a head is int4 on absolute weights: its loss swung 1.5-2.2 by round,
     # and at head lr 1e-2 reached 30-40): compare it with the fp32-latent row, which differs from it by the head only
+    # under Dirichlet(0.1) beside flite_fp32 (the same map, the head frozen): does the frozen head, which FedAvg's clients
+    # retrain, cost the latent map its skew loss (issue 47)?
     ("flite_head", "FLITE, trained head (fp32 latents and head)", "flite", {**PAPER, "head": "trainable", "codec": "fp32"}, {},
-     ["iid"], "claim"),
+     ["iid", "dirichlet:0.1"], "claim"),
     ("flite_scratch", "FLITE from scratch (random ResNet-18)", "flite", PAPER, {"pretrained": False}, ["iid"], "claim"),
     # issue 47's question: does the frozen orthogonal head's geometry serve FLITE when the base grew in it? The base is
     # pretrained under that head (`lightfed pretrain fmnist --head orthogonal`: its rows for classes 0-4), and FLITE
