@@ -440,6 +440,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         out.append((f"frozen orthogonal head above a trained head ({'fp32' if f32 else 'int4'} latents)", verdict(o, hd, False)
                     + f" (orthogonal - trained = {gap('flite_fp32' if f32 else 'flite', 'flite_head')}; the paper: "
                     "+0.54 pp)"))
+    hdd, f32d = f("flite_head", "dirichlet:0.1"), f("flite_fp32", "dirichlet:0.1")
+    if hdd and f32d:                # FedAvg's clients retrain their head: is the frozen one what skew costs the map?
+        out.append(("Dirichlet(0.1): a trained head above the frozen orthogonal head (fp32 latents)", verdict(hdd, f32d, False)
+                    + f" (trained - frozen = {gap('flite_head', 'flite_fp32', 'dirichlet:0.1', 'dirichlet:0.1')})"))
     return out
 
 

@@ -263,6 +263,19 @@ def test_flite_vision_rounds_the_fp32_runs_final_z_to_int4_as_the_wire_does(tmp_
     assert got.startswith(f"{s['final']:.4f} -> {x['accuracy']['int4']:.4f}") and np.isfinite(x["accuracy"]["int4"])
 
 
+def test_flite_vision_judges_the_trained_head_against_the_frozen_one_under_dirichlet():
+    """The skew question's claim: both rows under Dirichlet(0.1), judged over their seeds, the gap seed by seed."""
+    from flite_vision import claims
+    name = "Dirichlet(0.1): a trained head above the frozen orthogonal head (fp32 latents)"
+    rows = {"flite_head|dirichlet:0.1": {"finals": [0.50, 0.52, 0.51], "seeds": [0, 1, 2]},
+            "flite_fp32|dirichlet:0.1": {"finals": [0.40, 0.41, 0.42], "seeds": [0, 1, 2]}}
+    got = dict(claims(rows, 10 ** 6))[name]
+    assert got.startswith("met") and "trained - frozen = +10.00 pp over seeds 0, 1, 2" in got
+    rows["flite_fp32|dirichlet:0.1"]["finals"] = [0.50, 0.53, 0.49]             # ranges overlap
+    assert not dict(claims(rows, 10 ** 6))[name].startswith("met")
+    assert name not in dict(claims({"flite_head|iid": rows["flite_head|dirichlet:0.1"]}, 10 ** 6))
+
+
 def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_an_outgrown_grid():
     """FedNL's clients hold the global model (its memory is a stream's): no own-model figure even where an older run
     recorded one, and no verdict against a personalised baseline's global model; a grid whose stored setting is not
