@@ -152,8 +152,7 @@ def dequantize(payload: bytes, codec: str, scale: float, numel: int) -> torch.Te
         if not (np.isfinite(scales).all() and (scales > 0).all()):
             raise ValueError("int4g group scale is not finite and positive")
         q = _codes(payload[k:], numel).astype(np.float32)
-        with np.errstate(over="ignore"):        # a huge finite scale overflows to inf: refused as non-finite by decode
-            q *= np.repeat(scales, GROUP)[:numel]
+        q *= np.repeat(scales, GROUP)[:numel]
         return torch.from_numpy(q)
     return torch.from_numpy(q.astype(np.float32)) * scale
 
