@@ -74,13 +74,17 @@ class Trace:
 
     def __init__(self):
         self.codes: set = set()
-        self.active = False
+        self.texts: dict[str, str] = {}    # each file's source when the run first called into it, not when it ended:
+        self.active = False                # an edit made while a long run goes on is not the code it ran
         self._root = str(ROOT) + "/"
 
     def _tracer(self, frame, event, arg):
         co = frame.f_code
         if co.co_filename.startswith(self._root):
             self.codes.add(co)
+            if co.co_filename not in self.texts:
+                p = Path(co.co_filename)
+                self.texts[co.co_filename] = p.read_text() if p.is_file() else ""
         return None                  # no line events: only each call is seen
 
     def __enter__(self):
@@ -102,7 +106,7 @@ class Trace:
         out: dict[str, str] = {}
         for co in self.codes:
             rel = str(Path(co.co_filename).resolve().relative_to(ROOT))
-            idx = index(rel) or {}
+            idx = _index(self.texts[co.co_filename]) if self.texts.get(co.co_filename) else {}
             out[rel] = idx.get("", "")
             name = _named(co.co_qualname)
             if name:
