@@ -68,6 +68,21 @@ ROWS = [
     # at 0.625 B a latent keeps the upload >= 8,000x below FedAvg's up to r = 20
     ("flite_r16g", "FLITE r = 16 (5,120 latents, int4 with a scale per 32), frozen orthogonal head", "flite",
      {**PAPER, "r": 16, "codec": "int4g"}, {}, ["iid", "dirichlet:0.1"], "claim"),
+    # rank's price and its ceiling: r = 20 (8,000 latents) is the largest square map whose int4g upload stays >= 8,000x
+    # below FedAvg's; r = 32 (20,480) gives that up to say what rank alone can buy
+    ("flite_r20g", "FLITE r = 20 (8,000 latents, int4g), frozen orthogonal head", "flite",
+     {**PAPER, "r": 20, "codec": "int4g"}, {}, ["iid"], "claim"),
+    ("flite_r32g", "FLITE r = 32 (20,480 latents, int4g), frozen orthogonal head", "flite",
+     {**PAPER, "r": 32, "codec": "int4g"}, {}, ["iid"], "claim"),
+    # what averaging costs r = 16 (the codec kept): one client, all images, the federated run's 1,000 client steps
+    ("flite_r16g_central", "FLITE r = 16 int4g, centralised (1 client, all images, the same 1,000 steps: no averaging)",
+     "flite", {**PAPER, "r": 16, "codec": "int4g"}, {}, ["iid"], "claim"),
+    # Under Dirichlet(0.1) r = 16 loses whole classes, the pretrained 0-4 most (per_class): a fresh frozen head makes the
+    # map relearn what the base already separates. The head here is the probe's (a closed form from one round of class
+    # statistics summed over every client, so label skew does not bias it; its bytes are counted in the run's init),
+    # then frozen (head = keep) while z trains
+    ("flite_r16g_probe", "FLITE r = 16 int4g on a probed head (closed form from one round of pooled class statistics, "
+     "then frozen)", "flite", {**PAPER, "r": 16, "codec": "int4g", "head": "keep"}, {}, ["iid", "dirichlet:0.1"], "claim"),
     # a map that fine-tunes: a unit of z moves each convolution by its own weight's rms (full fine-tuning moves ~0.1x)
     ("flite_wscale", "FLITE's paper form, the map scaled to each weight (scale = weight)", "flite",
      {**PAPER, "scale": "weight"}, {}, ["iid"], "claim"),
@@ -78,10 +93,12 @@ ROWS = [
     ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "claim"),
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
-ROW_RUN = {"flite_central": {"clients": 1, "fraction": 1.0, "local_steps": 50}}    # a row's run settings, BASE's otherwise
+ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central")}    # a row's run settings, BASE's otherwise
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_central": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
-         "flite_r16g": "flite_r16g", "flite_wscale": "flite_wscale",
+         "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r32g": "flite_r32g",
+         "flite_r16g_probe": "flite_r16g_probe",
+         "flite_wscale": "flite_wscale",
          "fedavg": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
 PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a latent and weights want steps far apart
@@ -110,7 +127,9 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # the step's or the map's (issue 47). Both methods are swept there, so neither keeps an lr chosen elsewhere.
 # FLITE r = 16's first Dirichlet sweep (0.03..1) chose 0.03 at its lower edge (0.500 vs 0.443 at 0.1): 0.01, 3e-3 added.
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
-         "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
+         "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_r20g": [0.1, 0.3, 1.0], "flite_r32g": [0.1, 0.3, 1.0],
+         "flite_r16g_probe": [0.1, 0.3, 1.0], "flite_r16g_probe@dirichlet:0.1": [0.01, 0.03, 0.1],
+         "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
@@ -145,8 +164,29 @@ def at_edge(kind: str, lr, pts) -> bool:
 
 
 def lr_for(lrs: dict, key: str, part: str):
-    """A row's lr on a partition: its kind's lr chosen on that partition's clients where swept there, else on IID ones."""
-    return lrs.get(f"{LR_OF[key]}@{part}", lrs[LR_OF[key]])
+    """A row's lr on a partition: its kind's lr chosen on that partition's clients where swept there, else on IID ones
+    (None: neither is calibrated yet)."""
+    return lrs.get(f"{LR_OF[key]}@{part}", lrs.get(LR_OF[key]))
+
+
+PROBED = {"flite_r16g_probe"}      # rows that start from a probe run (common.chained): its head, frozen
+
+
+def probe_of(c: dict) -> tuple[str, dict]:
+    """The probe start of a run on a probed head: the same data, clients and seed, one round (the grid's probe row on
+    IID clients is the same run)."""
+    p = {k: v for k, v in c.items() if k not in ("lr", "init", "out", "method_options")}
+    label = f"probe|{c['partition']}|s{c['seed']}" + ("|validation" if c["task_options"].get("validation") else "")
+    return label, {**p, "method": "probe", "method_options": {}, **ONCE}
+
+
+def starts_of(g: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The probe starts the runs of `g` name in their "init" (each once)."""
+    return list({c["init"]: probe_of(c) for _, c in g if c.get("init")}.values())
+
+
+def probed(key: str, c: dict) -> dict:
+    return {**c, "init": probe_of(c)[0]} if key in PROBED else c
 
 
 def calibration_grid(quick: bool, kinds=SWEEP) -> list[tuple[str, dict]]:
@@ -160,7 +200,7 @@ def calibration_grid(quick: bool, kinds=SWEEP) -> list[tuple[str, dict]]:
                         "task_options": {**CALIB["task_options"], **to}}, kind, lr)
             if quick:
                 c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
-            g.append((f"{kind} lr {lr_name(lr)}", c))
+            g.append((f"{kind} lr {lr_name(lr)}", probed(row, c)))
     return g
 
 
@@ -187,8 +227,10 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None, part
                      **ROW_RUN.get(key, {})}
                 if quick:
                     c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
+                if LR_OF[key] and lr_for(lrs, key, part) is None:
+                    continue                                # not calibrated yet: main reports the cell empty
                 c = set_lr(c, key, lr_for(lrs, key, part)) if LR_OF[key] else {**c, **ONCE}
-                g.append((f"{key}|{part}|s{s}", c))
+                g.append((f"{key}|{part}|s{s}", probed(key, c)))
     return g
 
 
@@ -258,6 +300,20 @@ def int4_roundtrip(c: dict) -> dict | None:
 
 
 AGREEMENT = {"flite_r16g", "fedavg"}      # the rows whose clients' first moves are measured (agreement)
+PER_CLASS = AGREEMENT | PROBED            # the rows whose final model is scored class by class (per_class)
+
+
+def per_class(c: dict) -> dict:
+    """Where a run's accuracy sits: the final global model's test accuracy per class, in the run's own dtype (the base
+    was pretrained on classes 0-4; 5-9 are new to it)."""
+    from lightfed import device
+    from lightfed.data.tensors import subset
+    from lightfed.engine import local
+    S, _ = local.final_model(c["out"], "cpu", c["dtype"])
+    labels = S.task.test["labels"].numpy()
+    with device.using("cpu", c["dtype"]):
+        return {int(k): S.task.evaluate(S.model, subset(S.task.test, np.flatnonzero(labels == k)))
+                for k in sorted(set(labels.tolist()))}
 
 
 def agreement(c: dict) -> dict:
@@ -327,13 +383,15 @@ def summarize(g, sums) -> dict:
         r["weight_moves"].append(common.derived(c, "weight_moves", weight_moves, latent))
         if key in AGREEMENT:
             r.setdefault("agreement", []).append(common.derived(c, "agreement", agreement, latent))
+        if key in PER_CLASS:
+            r.setdefault("per_class", []).append(common.derived(c, "per_class", per_class))
         if key == "fedavg_int4":
             r.setdefault("int4_internals", []).append(common.derived(c, "int4_internals", int4_internals, quantize))
         if key == "flite_fp32":
             r.setdefault("int4_roundtrip", []).append(common.derived(c, "int4_roundtrip", int4_roundtrip, quantize))
         r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=run_lr(c),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
-                 method_info=s.get("method_info"), wall_s=s["time"]["wall"])
+                 method_info=s.get("method_info"), wall_s=s["time"]["wall"], init=s.get("init"))
     return rows
 
 
@@ -418,7 +476,13 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         out.append(("the frozen orthogonal head's geometry serves FLITE when the base grew in it: FLITE's paper form on "
                     "the base pretrained under that head above today's base", verdict(ob, fl, False)
                     + f" (head-pretrained - today's = {gap('flite_obase', 'flite')})"))
+    c16, r16 = f("flite_r16g_central"), f("flite_r16g")
+    if c16 and r16:                 # the same map and codec: what is left between them is the averaging
+        out.append(("what averaging costs r = 16 int4g: centralised (same steps) above federated", verdict(c16, r16, False)
+                    + f" (centralised - federated = {gap('flite_r16g_central', 'flite_r16g')})"))
     for key, what in (("flite_obase", "on the head-pretrained base"), ("flite_r16g", "r = 16, int4g"),
+                      ("flite_r20g", "r = 20, int4g"), ("flite_r32g", "r = 32, int4g"), ("flite_r16g_central", "r = 16, int4g, centralised"),
+                      ("flite_r16g_probe", "r = 16, int4g, on a probed head"),
                       ("flite_wscale", "scale = weight")):
         for part in ("iid", "dirichlet:0.1"):
             x, y = f(key, part), f("fedavg", part)
@@ -426,6 +490,14 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                 up, fa_up = rows[f"{key}|{part}"]["up"], rows[f"fedavg|{part}"]["up"]
                 out.append((f"FLITE {what} within 1 pp of FedAvg fp32 ({part})", within(x, y, 0.01)
                             + f" (means {np.mean(x):.4f} vs {np.mean(y):.4f}; uplink {fa_up / up:,.0f}x below FedAvg's)"))
+    for part in ("iid", "dirichlet:0.1"):
+        pb, r16 = f("flite_r16g_probe", part), f("flite_r16g", part)
+        if pb and r16:              # the same map and codec; the head the probe's closed form against a fresh orthogonal one
+            init = rows[f"flite_r16g_probe|{part}"].get("init") or {}
+            out.append((f"FLITE r = 16 int4g on a probed head above the fresh frozen orthogonal head ({part})", verdict(pb, r16, False)
+                        + f" (probed - orthogonal = {gap('flite_r16g_probe', 'flite_r16g', part, part)}; the probe's one "
+                        f"round: {init.get('up_total', 0):,} B up over all clients, once; its head alone scores "
+                        f"{init.get('metric', float('nan')):.4f})"))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
@@ -499,6 +571,16 @@ def render(res: dict) -> str:
             ag = [a for a in ag if a]
             L.append(f"| {lab} | {part} | " + " | ".join(common.pm([a[sp][k] for a in ag]) for sp in ag[0]
                                                         for k in ("efficiency", "cosine")) + " |")
+    pcs = [(label[r["key"]], r["partition"], [x for x in r.get("per_class") or [] if x]) for r in res["rows"].values()
+           if any(r.get("per_class") or [])]
+    if pcs:
+        L += ["", "Where the accuracy sits: the final model's test accuracy per class, mean over seeds (the base was pretrained "
+              "on classes 0-4; 5-9 are new to it).", "",
+              "| row | partition | " + " | ".join(map(str, range(10))) + " | classes 0-4 | classes 5-9 |", "|---|---|" + "---|" * 12]
+        for lab, part, xs in pcs:
+            m = {k: np.mean([x[str(k)] if str(k) in x else x[k] for x in xs]) for k in range(10)}
+            L.append(f"| {lab} | {part} | " + " | ".join(f"{m[k]:.2f}" for k in range(10))
+                     + f" | {np.mean([m[k] for k in range(5)]):.3f} | {np.mean([m[k] for k in range(5, 10)]):.3f} |")
     if any(not r["finals"] for r in res["rows"].values()):
         L += ["", "A row not run here was last measured by older code, before the run store: "
               "`git show 63bcdd6:benchmarks/results/flite_vision.md` (21 of its 37 runs carried from still older results)."]
@@ -538,15 +620,22 @@ def plot(res: dict, name: str) -> None:
     common.save(fig, common.RESULTS / f"{name}.png", 110)
 
 
+def in_store(g: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """g as common.chained runs it: each start label in "init" replaced by that start's store folder, every run placed."""
+    folder = {label: c["out"] for label, c in common.placed(starts_of(g))}
+    return common.placed([(label, {**c, "init": folder[c["init"]]} if c.get("init") else c) for label, c in g])
+
+
 def calibrate(a) -> None:
     """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr."""
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
     if kinds - set(SWEEP):
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
     from lightfed.models import latent
-    g = common.placed(calibration_grid(a.quick, [k for k in SWEEP if k in kinds]))
+    g0 = calibration_grid(a.quick, [k for k in SWEEP if k in kinds])
+    g = in_store(g0)
     t0 = time.time()
-    sums = reuse_or_run(g, a.workers, a.from_runs)
+    sums = common.chained(starts_of(g0), g0, a.workers, a.from_runs)[1]
     res = [{"label": label, "lr": run_lr(c), "validation_accuracy": s.get("final"), "initial": s.get("initial"),
             "error": s.get("error"), "weight_moves": None if "error" in s else common.derived(c, "weight_moves", weight_moves, latent)} for (label, c), s in zip(g, sums)]
     name = "flite_vision_calibrate" + ("_quick" if a.quick else "")
@@ -604,22 +693,24 @@ def main(argv=None):
     seeds = [int(s) for s in a.seeds.split(",")]
     lrs = chosen_lrs(a.quick)
     keys = set(a.rows.split(",")) if a.rows else {k for k, *_ in ROWS}
-    uncal = {k for k in keys if LR_OF[k] and LR_OF[k] not in lrs}      # their kind's sweep has no finished run yet
+    parts = set(a.partitions.split(",")) if a.partitions else None
+    uncal = {(k, p) for k, *_, row_parts, _ in ROWS if k in keys for p in row_parts
+             if (not parts or p in parts) and LR_OF[k] and lr_for(lrs, k, p) is None}   # no finished sweep run yet
     if uncal and not a.from_runs:
-        kinds = ",".join(sorted({LR_OF[k] for k in uncal}))
+        kinds = ",".join(sorted({LR_OF[k] + ("" if p == "iid" else f"@{p}") for k, p in uncal}))
         raise SystemExit(f"no calibrated lr for {sorted(uncal)}: run --calibrate --kinds {kinds}")
-    g = common.placed(grid(seeds, a.quick, lrs, keys - uncal, set(a.partitions.split(",")) if a.partitions else None))
+    g0 = grid(seeds, a.quick, lrs, keys, parts)
+    g = in_store(g0)
     t0 = time.time()
     reused = sum(common.finished(label, c) is not None for label, c in g)
     # run the first seed's IID runs first, so a grid stopped early holds the comparisons that matter most
     order = sorted(range(len(g)), key=lambda i: (g[i][1]["seed"], g[i][1]["partition"] != "iid", i))
     sums = [None] * len(g)
-    for i, s in zip(order, reuse_or_run([g[i] for i in order], a.workers, a.from_runs)):
+    for i, s in zip(order, common.chained(starts_of(g0), [g0[i] for i in order], a.workers, a.from_runs)[1]):
         sums[i] = s
     rows = summarize(g, sums)
-    for key, _, _, _, _, parts, _ in ROWS:
-        for part in parts if key in uncal else []:
-            rows[f"{key}|{part}"] = empty_row(key, part, ["not run: its lr is not calibrated yet"])
+    for key, part in sorted(uncal):
+        rows[f"{key}|{part}"] = empty_row(key, part, ["not run: its lr is not calibrated yet"])
     rows = {f"{k}|{p}": rows[f"{k}|{p}"] for k, *_, parts, _ in ROWS for p in parts if f"{k}|{p}" in rows}   # ROWS' order
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32

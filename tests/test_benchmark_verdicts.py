@@ -81,14 +81,24 @@ def test_every_grid_config_of_zoflite_claims_validates(setting, quick):
 def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quick):
     from lightfed import config as C
     from lightfed.engine import local
-    from flite_vision import LR_OF, ONCE, PAIRED, ROWS, SWEEP, calibration_grid, grid
-    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
+    from flite_vision import LR_OF, ONCE, PAIRED, PROBED, ROWS, SWEEP, calibration_grid, grid, starts_of
+    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
            "fedavg@dirichlet:0.1": 1e-5}      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
     g = grid([0, 1, 2], quick, lrs)
     cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
+    for label, c in g + cal + starts_of(g + cal):
+        local.check(C.from_dict({k: v for k, v in c.items() if k != "init"}))
+    starts = dict(starts_of(g + cal))       # a probed row starts from its own partition's and seed's probe, one round
     for label, c in g + cal:
-        local.check(C.from_dict(c))
+        key = label.split("|")[0].split(" ")[0].split("@")[0]
+        assert ("init" in c) == (key in PROBED)
+        if key in PROBED:
+            p = starts[c["init"]]
+            assert (p["method"], p["rounds"], p["partition"], p["seed"], p["task_options"]) == \
+                ("probe", 1, c["partition"], c["seed"], c["task_options"])
+    probe_row = next(c for label, c in g if label == "probe|iid|s0")    # the grid's probe row is the IID seed-0 start
+    assert starts["probe|iid|s0"] == probe_row
     for label, c in g:
         key, part, _ = label.split("|")
         want = lrs.get(f"{LR_OF[key]}@{part}", lrs[LR_OF[key]]) if LR_OF[key] else None
@@ -261,6 +271,25 @@ def test_flite_vision_rounds_the_fp32_runs_final_z_to_int4_as_the_wire_does(tmp_
     lines = dict(claims(rows, 10 ** 6))
     got = lines["the fp32-latent run's final z through one int4 round trip, seed 0"]
     assert got.startswith(f"{s['final']:.4f} -> {x['accuracy']['int4']:.4f}") and np.isfinite(x["accuracy"]["int4"])
+
+
+def test_flite_vision_per_class_accuracy_adds_up_to_the_runs_final_accuracy(tmp_path):
+    """per_class scores the run's own final model class by class: weighted by each class's test images, it gives the
+    accuracy the run reported."""
+    import numpy as np
+    from conftest import tiny_config
+    from flite_vision import per_class
+    from lightfed import config as C
+    from lightfed.engine import local
+    c = tiny_config("fmnist", "flite", tmp_path / "f", lr=0.3, eval_every=2, partition="dirichlet:0.1",
+                    method_options={"r": 2, "head": "orthogonal", "codec": "int4g"}).to_dict()
+    s = local.run(C.from_dict(c), log=lambda *a: None)
+    got = per_class(c)
+    labels = local.final_model(c["out"])[0].task.test["labels"].numpy()
+    counts = {k: int((labels == k).sum()) for k in got}
+    assert set(got) == set(labels.tolist()) and all(0 <= v <= 1 for v in got.values())
+    assert abs(sum(got[k] * counts[k] for k in got) / len(labels) - s["final"]) < 1e-9
+    assert len(set(np.round(list(got.values()), 6))) > 1          # the classes differ: not one number repeated
 
 
 def test_flite_vision_judges_the_trained_head_against_the_frozen_one_under_dirichlet():
