@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import meta, ms, reuse_or_run, verdict, write  # noqa: E402
+from common import meta, ms, verdict, write  # noqa: E402
 
 TASK = {"arch": "resnet18", "train_size": 6000, "test_size": 2000}
 # every row decays its lr over the rounds (cosine): the model scored is the last round's, which then moves little
