@@ -391,7 +391,8 @@ def summarize(g, sums) -> dict:
             r.setdefault("int4_roundtrip", []).append(common.derived(c, "int4_roundtrip", int4_roundtrip, quantize))
         r.update(up=s["bytes"]["up_per_client_round"], down=s["bytes"]["down_per_client_round"], lr=run_lr(c),
                  trainable=s["trainable_params"], test_images=c["task_options"]["test_size"],
-                 method_info=s.get("method_info"), wall_s=s["time"]["wall"], init=s.get("init"))
+                 method_info=s.get("method_info"), wall_s=s["time"]["wall"], init=s.get("init"),
+                 up_total=s["bytes"]["up_total"])
     return rows
 
 
@@ -493,11 +494,14 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     for part in ("iid", "dirichlet:0.1"):
         pb, r16 = f("flite_r16g_probe", part), f("flite_r16g", part)
         if pb and r16:              # the same map and codec; the head the probe's closed form against a fresh orthogonal one
-            init = rows[f"flite_r16g_probe|{part}"].get("init") or {}
+            r, fa = rows[f"flite_r16g_probe|{part}"], rows.get(f"fedavg|{part}", {})
+            init = r.get("init") or {}
+            whole = (f"; the whole run's uplink, the probe's included, {fa['up_total'] / (r['up_total'] + init.get('up_total', 0)):,.0f}x "
+                     "below FedAvg's" if fa.get("up_total") and r.get("up_total") else "")
             out.append((f"FLITE r = 16 int4g on a probed head above the fresh frozen orthogonal head ({part})", verdict(pb, r16, False)
                         + f" (probed - orthogonal = {gap('flite_r16g_probe', 'flite_r16g', part, part)}; the probe's one "
                         f"round: {init.get('up_total', 0):,} B up over all clients, once; its head alone scores "
-                        f"{init.get('metric', float('nan')):.4f})"))
+                        f"{init.get('metric', float('nan')):.4f}{whole})"))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)

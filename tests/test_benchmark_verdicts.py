@@ -305,6 +305,21 @@ def test_flite_vision_judges_the_trained_head_against_the_frozen_one_under_diric
     assert name not in dict(claims({"flite_head|iid": rows["flite_head|dirichlet:0.1"]}, 10 ** 6))
 
 
+def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the_whole_run():
+    """The probed row against the fresh orthogonal head on each partition; the probe's one round of uplink is added to
+    the run's own before the whole run is compared with FedAvg's."""
+    from flite_vision import claims
+    name = "FLITE r = 16 int4g on a probed head above the fresh frozen orthogonal head (dirichlet:0.1)"
+    rows = {"flite_r16g_probe|dirichlet:0.1": {"finals": [0.60, 0.62, 0.61], "seeds": [0, 1, 2], "up": 5, "up_total": 300,
+                                               "init": {"up_total": 100, "metric": 0.55}},
+            "flite_r16g|dirichlet:0.1": {"finals": [0.40, 0.41, 0.42], "seeds": [0, 1, 2]},
+            "fedavg|dirichlet:0.1": {"finals": [0.7] * 3, "seeds": [0, 1, 2], "up": 50, "up_total": 4000}}
+    got = dict(claims(rows, 10 ** 6))[name]
+    assert got.startswith("met") and "probed - orthogonal = +20.00 pp" in got
+    assert "100 B up over all clients, once" in got and "alone scores 0.5500" in got and "10x below FedAvg's" in got
+    assert "(iid)" not in " ".join(dict(claims(rows, 10 ** 6)))
+
+
 def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_an_outgrown_grid():
     """FedNL's clients hold the global model (its memory is a stream's): no own-model figure even where an older run
     recorded one, and no verdict against a personalised baseline's global model; a grid whose stored setting is not
