@@ -312,7 +312,7 @@ def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the
     name = "FLITE r = 16 int4g on a probed head above the fresh frozen orthogonal head (dirichlet:0.1)"
     rows = {"flite_r16g_probe|dirichlet:0.1": {"finals": [0.60, 0.62, 0.61], "seeds": [0, 1, 2], "up": 5, "up_total": 300,
                                                "init": {"up_total": 100, "metric": 0.55}},
-            "flite_r16g|dirichlet:0.1": {"finals": [0.40, 0.41, 0.42], "seeds": [0, 1, 2]},
+            "flite_r16g|dirichlet:0.1": {"finals": [0.40, 0.41, 0.42], "seeds": [0, 1, 2], "up": 5},
             "fedavg|dirichlet:0.1": {"finals": [0.7] * 3, "seeds": [0, 1, 2], "up": 50, "up_total": 4000}}
     got = dict(claims(rows, 10 ** 6))[name]
     assert got.startswith("met") and "probed - orthogonal = +20.00 pp" in got
