@@ -126,9 +126,10 @@ PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a l
 # FLITE's clients move ~40x farther than FedAvg's a round; an lr chosen on skewed clients says whether the gap is
 # the step's or the map's (issue 47). Both methods are swept there, so neither keeps an lr chosen elsewhere.
 # FLITE r = 16's first Dirichlet sweep (0.03..1) chose 0.03 at its lower edge (0.500 vs 0.443 at 0.1): 0.01, 3e-3 added.
+# On the probed head the Dirichlet sweep 0.01..0.1 had 0.01 on top (0.733 vs 0.690 at 0.03): 3e-3 added.
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
          "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_r20g": [0.1, 0.3, 1.0], "flite_r32g": [0.1, 0.3, 1.0],
-         "flite_r16g_probe": [0.1, 0.3, 1.0], "flite_r16g_probe@dirichlet:0.1": [0.01, 0.03, 0.1],
+         "flite_r16g_probe": [0.1, 0.3, 1.0], "flite_r16g_probe@dirichlet:0.1": [3e-3, 0.01, 0.03, 0.1],
          "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
@@ -502,6 +503,9 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                         + f" (probed - orthogonal = {gap('flite_r16g_probe', 'flite_r16g', part, part)}; the probe's one "
                         f"round: {init.get('up_total', 0):,} B up over all clients, once; its head alone scores "
                         f"{init.get('metric', float('nan')):.4f}{whole})"))
+            p0 = r.get("initials") or []    # round 0: the probe's head on the base, before z moves (FLITE's own share)
+            out.append((f"FLITE's latents add to the probed head: above the probe alone ({part})", verdict(pb, p0, False)
+                        + f" (FLITE - probe alone = {100 * (np.mean(pb) - np.mean(p0)):+.2f} pp)"))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)

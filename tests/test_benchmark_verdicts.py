@@ -311,6 +311,7 @@ def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the
     from flite_vision import claims
     name = "FLITE r = 16 int4g on a probed head above the fresh frozen orthogonal head (dirichlet:0.1)"
     rows = {"flite_r16g_probe|dirichlet:0.1": {"finals": [0.60, 0.62, 0.61], "seeds": [0, 1, 2], "up": 5, "up_total": 300,
+                                               "initials": [0.55] * 3,
                                                "init": {"up_total": 100, "metric": 0.55}},
             "flite_r16g|dirichlet:0.1": {"finals": [0.40, 0.41, 0.42], "seeds": [0, 1, 2], "up": 5},
             "fedavg|dirichlet:0.1": {"finals": [0.7] * 3, "seeds": [0, 1, 2], "up": 50, "up_total": 4000}}
@@ -318,6 +319,8 @@ def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the
     assert got.startswith("met") and "probed - orthogonal = +20.00 pp" in got
     assert "100 B up over all clients, once" in got and "alone scores 0.5500" in got and "10x below FedAvg's" in got
     assert "(iid)" not in " ".join(dict(claims(rows, 10 ** 6)))
+    own = dict(claims(rows, 10 ** 6))["FLITE's latents add to the probed head: above the probe alone (dirichlet:0.1)"]
+    assert own.startswith("met") and "FLITE - probe alone = +6.00 pp" in own
 
 
 def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_an_outgrown_grid():

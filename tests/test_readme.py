@@ -196,6 +196,16 @@ ROWS = {
         measured=lambda d: [vision_mean(d, f"{k}|dirichlet:0.1") for k in ("flite_r16g", "fedavg")],
         verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g within 1 pp of FedAvg fp32 (dirichlet:0.1)")[1],
         claim=lambda d: f"1 0.1 {len(d['rows']['flite_r16g|dirichlet:0.1']['seeds'])}"),
+    "FLITE r = 16 int4g on a probed head (a closed-form head from one round of pooled class statistics, then frozen) no "
+    "worse than FedAvg fp32 - 1 pp under Dirichlet(0.1) (3 seeds, lrs on Dirichlet validation)": dict(
+        json="flite_vision_rank.json",
+        measured=lambda d: [vision_mean(d, "flite_r16g_probe|dirichlet:0.1"), vision_mean(d, "fedavg|dirichlet:0.1"),
+                            f"{mean(d['rows']['flite_r16g_probe|dirichlet:0.1']['initials']):.3f}",
+                            vision_mean(d, "flite_r16g|dirichlet:0.1"),
+                            f"{d['rows']['fedavg|dirichlet:0.1']['up_total'] / (d['rows']['flite_r16g_probe|dirichlet:0.1']['up_total'] + d['rows']['flite_r16g_probe|dirichlet:0.1']['init']['up_total']):,.0f}"],
+        verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g, on a probed head within 1 pp of FedAvg fp32 (dirichlet:0.1)")[1],
+        claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g_probe')[3]['r']} 1 0.1 "
+                        f"{len(d['rows']['flite_r16g_probe|dirichlet:0.1']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
     dict(
         json="zoflite_prompt.json",
