@@ -193,7 +193,10 @@ def finished(label: str, c: dict) -> dict | None:
 
 
 def record_path(c: dict) -> Path | None:
-    """The record of a run in the benchmarks' own store (None elsewhere: a named "out", reproduce's or a test's store)."""
+    """The record of a run in the benchmarks' own store (None elsewhere: a named "out", reproduce's or a test's store;
+    and for a tiny twin's run, a --quick grid's, which measures nothing worth keeping)."""
+    if (c.get("task_options") or {}).get("tiny"):
+        return None
     return RECORDS / f"{Path(c['out']).name}.json" if Path(c["out"]).parent == STORE == RECORDED else None
 
 

@@ -305,6 +305,15 @@ def test_flite_vision_judges_the_trained_head_against_the_frozen_one_under_diric
     assert name not in dict(claims({"flite_head|iid": rows["flite_head|dirichlet:0.1"]}, 10 ** 6))
 
 
+def test_a_quick_grids_tiny_twin_runs_leave_no_record():
+    import common
+    c = {"task": "fmnist", "method": "flite", "task_options": {"arch": "resnet18"}}
+    c["out"] = common.store_folder(c)
+    assert common.record_path(c) == common.RECORDS / f"{Path(c['out']).name}.json"
+    tiny = {**c, "task_options": {"arch": "resnet18", "tiny": True}}
+    assert common.record_path({**tiny, "out": common.store_folder(tiny)}) is None
+
+
 def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the_whole_run():
     """The probed row against the fresh orthogonal head on each partition; the probe's one round of uplink is added to
     the run's own before the whole run is compared with FedAvg's."""
