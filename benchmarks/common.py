@@ -262,15 +262,20 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
     return out
 
 
+def with_starts(starts: list[tuple[str, dict]], grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The grid as chained runs it: each config's "init" (a label of `starts`) replaced by that start's store folder,
+    every run placed."""
+    folder = {label: c["out"] for label, c in placed(starts)}
+    return placed([(label, {**c, "init": folder[c["init"]]} if c.get("init") else c) for label, c in grid])
+
+
 def chained(starts: list[tuple[str, dict]], grid: list[tuple[str, dict]], workers: int, from_runs: bool = False,
             only=None, **run) -> tuple[list[dict], list[dict]]:
     """Store runs that start from another store run's checkpoint (a probe's head): a config of `grid` whose "init" is
     a label of `starts` starts from that run's folder. A start whose folder is gone (only its record is left) is made
     again where a run of the grid that may run has not finished. run: reuse_or_run's runner / fresh_process for the
     grid. -> (the starts' summaries, the grid's)."""
-    starts = placed(starts)
-    folder = {label: c["out"] for label, c in starts}
-    grid = placed([(label, {**c, "init": folder[c["init"]]} if c.get("init") else c) for label, c in grid])
+    starts, grid = placed(starts), with_starts(starts, grid)
     wanted = {c["init"] for label, c in grid if c.get("init") and (only is None or label in only)
               and finished(label, c) is None}
     redo = () if from_runs else {label for label, c in starts if c["out"] in wanted

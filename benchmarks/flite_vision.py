@@ -93,7 +93,8 @@ ROWS = [
     ("powersgd", "PowerSGD r4 (EF)", "powersgd", {"rank": 4}, {}, ["iid"], "claim"),
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
-ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central")}    # a row's run settings, BASE's otherwise
+# a row's run settings, BASE's otherwise
+ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central")}
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_central": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
          "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r32g": "flite_r32g",
@@ -228,9 +229,10 @@ def grid(seeds: list[int], quick: bool, lrs: dict, keys: set | None = None, part
                      **ROW_RUN.get(key, {})}
                 if quick:
                     c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
-                if LR_OF[key] and lr_for(lrs, key, part) is None:
+                lr = lr_for(lrs, key, part) if LR_OF[key] else None
+                if LR_OF[key] and lr is None:
                     continue                                # not calibrated yet: main reports the cell empty
-                c = set_lr(c, key, lr_for(lrs, key, part)) if LR_OF[key] else {**c, **ONCE}
+                c = set_lr(c, key, lr) if LR_OF[key] else {**c, **ONCE}
                 g.append((f"{key}|{part}|s{s}", probed(key, c)))
     return g
 
@@ -628,12 +630,6 @@ def plot(res: dict, name: str) -> None:
     common.save(fig, common.RESULTS / f"{name}.png", 110)
 
 
-def in_store(g: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """g as common.chained runs it: each start label in "init" replaced by that start's store folder, every run placed."""
-    folder = {label: c["out"] for label, c in common.placed(starts_of(g))}
-    return common.placed([(label, {**c, "init": folder[c["init"]]} if c.get("init") else c) for label, c in g])
-
-
 def calibrate(a) -> None:
     """The sweep's runs (--kinds: some kinds only; they join the kinds calibrated before), each kind's best lr."""
     kinds = set(a.kinds.split(",")) if a.kinds else set(SWEEP)
@@ -641,7 +637,7 @@ def calibrate(a) -> None:
         raise SystemExit(f"--kinds: unknown {sorted(kinds - set(SWEEP))}; kinds: {list(SWEEP)}")
     from lightfed.models import latent
     g0 = calibration_grid(a.quick, [k for k in SWEEP if k in kinds])
-    g = in_store(g0)
+    g = common.with_starts(starts_of(g0), g0)
     t0 = time.time()
     sums = common.chained(starts_of(g0), g0, a.workers, a.from_runs)[1]
     res = [{"label": label, "lr": run_lr(c), "validation_accuracy": s.get("final"), "initial": s.get("initial"),
@@ -708,7 +704,7 @@ def main(argv=None):
         kinds = ",".join(sorted({LR_OF[k] + ("" if p == "iid" else f"@{p}") for k, p in uncal}))
         raise SystemExit(f"no calibrated lr for {sorted(uncal)}: run --calibrate --kinds {kinds}")
     g0 = grid(seeds, a.quick, lrs, keys, parts)
-    g = in_store(g0)
+    g = common.with_starts(starts_of(g0), g0)
     t0 = time.time()
     reused = sum(common.finished(label, c) is not None for label, c in g)
     # run the first seed's IID runs first, so a grid stopped early holds the comparisons that matter most
