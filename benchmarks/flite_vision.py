@@ -87,6 +87,14 @@ ROWS = [
     ("flite_wscale", "FLITE's paper form, the map scaled to each weight (scale = weight)", "flite",
      {**PAPER, "scale": "weight"}, {}, ["iid"], "claim"),
     ("fedavg", "FedAvg fp32", "fedavg", {}, {}, ["iid", "dirichlet:0.1"], "claim"),
+    # is the probed head FLITE's edge or everyone's? FedAvg fp32 from the same probe run (LP-then-FT: every weight,
+    # the head too, trained from it), its lr chosen on the same skewed clients
+    ("fedavg_probe", "FedAvg fp32 from the probed head (LP-then-FT)", "fedavg", {}, {}, ["dirichlet:0.1"], "claim"),
+    # the same question of FedAvg: one client, all images, 1,000 steps at FedAvg's lr. Federated, 5 clients a round
+    # average 10 steps each, so a run makes 200 sequential steps of progress to the central row's 1,000: is the loss
+    # FLITE's, or every method's under this protocol?
+    ("fedavg_central", "FedAvg fp32, centralised (1 client, all images, the same 1,000 steps: no averaging)", "fedavg", {}, {},
+     ["iid"], "claim"),
     ("fedavg_int4", "FedAvg int4", "fedavg", {"codec": "int4"}, {}, ["iid"], "claim"),
     ("lora", "FedAvg+LoRA (conv, r=8)", "lora", {}, {}, ["iid"], "claim"),
     ("topk", "top-k 1% (EF)", "topk", {"ratio": 0.01}, {}, ["iid"], "claim"),
@@ -94,13 +102,13 @@ ROWS = [
     ("probe", "the base's features, closed-form head (probe, 1 round; what a frozen body allows)", "probe", {}, {}, ["iid"], "pareto"),
 ]
 # a row's run settings, BASE's otherwise
-ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central")}
+ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central", "fedavg_central")}
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_central": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
          "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r32g": "flite_r32g",
          "flite_r16g_probe": "flite_r16g_probe",
          "flite_wscale": "flite_wscale",
-         "fedavg": "fedavg",
+         "fedavg": "fedavg", "fedavg_probe": "fedavg_probe", "fedavg_central": "fedavg",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
 PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a latent and weights want steps far apart
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
@@ -133,6 +141,7 @@ SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase":
          "flite_r16g_probe": [0.1, 0.3, 1.0], "flite_r16g_probe@dirichlet:0.1": [3e-3, 0.01, 0.03, 0.1],
          "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
+         "fedavg_probe@dirichlet:0.1": [3e-5, 1e-4, 3e-4],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
@@ -171,7 +180,7 @@ def lr_for(lrs: dict, key: str, part: str):
     return lrs.get(f"{LR_OF[key]}@{part}", lrs.get(LR_OF[key]))
 
 
-PROBED = {"flite_r16g_probe"}      # rows that start from a probe run (common.chained): its head, frozen
+PROBED = {"flite_r16g_probe", "fedavg_probe"}  # rows that start from a probe run (common.chained): its head (FLITE keeps it frozen)
 
 
 def probe_of(c: dict) -> tuple[str, dict]:
@@ -406,12 +415,15 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     def within(a, b, pp):       # a >= b - pp, judged over seeds: met when a's range clears b - pp
         return verdict([-x for x in a], [-(y - pp) for y in b], True) if a and b else "not run"
 
-    def gap(ka, kb, pa="iid", pb="iid"):   # a - b in pp over the seeds both rows ran (seed by seed, then the mean)
+    def paired(ka, kb, pa="iid", pb="iid"):    # a - b seed by seed, over the seeds both rows ran
         ra, rb = rows.get(f"{ka}|{pa}", {}), rows.get(f"{kb}|{pb}", {})
         a, b = dict(zip(ra.get("seeds", []), ra.get("finals", []))), dict(zip(rb.get("seeds", []), rb.get("finals", [])))
-        both = sorted(set(a) & set(b))
-        d = np.mean([a[s] - b[s] for s in both]) * 100 if both else float("nan")
-        return f"{d:+.2f} pp over seed{'s' if len(both) > 1 else ''} {', '.join(map(str, both))}"
+        return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+    def gap(ka, kb, pa="iid", pb="iid"):   # a - b in pp over the seeds both rows ran (seed by seed, then the mean)
+        d = paired(ka, kb, pa, pb)
+        m = np.mean(list(d.values())) * 100 if d else float("nan")
+        return f"{m:+.2f} pp over seed{'s' if len(d) > 1 else ''} {', '.join(map(str, d))}"
 
     out = []
     fl, fa = f("flite"), f("fedavg")
@@ -484,6 +496,15 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     if c16 and r16:                 # the same map and codec: what is left between them is the averaging
         out.append(("what averaging costs r = 16 int4g: centralised (same steps) above federated", verdict(c16, r16, False)
                     + f" (centralised - federated = {gap('flite_r16g_central', 'flite_r16g')})"))
+    cfa = f("fedavg_central")
+    if cfa and fa:                  # the protocol's cost to full fine-tuning, beside FLITE's
+        out.append(("what averaging costs FedAvg fp32: centralised (same steps) above federated", verdict(cfa, fa, False)
+                    + f" (centralised - federated = {gap('fedavg_central', 'fedavg')})"))
+        if c16 and r16:             # seed by seed, central - federated: is FLITE's cost the protocol's or its own?
+            fc, ac = (list(paired(central, fed).values()) for central, fed in (("flite_r16g_central", "flite_r16g"), ("fedavg_central", "fedavg")))
+            out.append(("averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)",
+                        verdict(fc, ac, False) + f" (FLITE's cost {100 * np.mean(fc):+.2f} pp, FedAvg's {100 * np.mean(ac):+.2f} pp; "
+                        f"centralised, FLITE - FedAvg = {gap('flite_r16g_central', 'fedavg_central')})"))
     for key, what in (("flite_obase", "on the head-pretrained base"), ("flite_r16g", "r = 16, int4g"),
                       ("flite_r20g", "r = 20, int4g"), ("flite_r32g", "r = 32, int4g"), ("flite_r16g_central", "r = 16, int4g, centralised"),
                       ("flite_r16g_probe", "r = 16, int4g, on a probed head"),
@@ -508,6 +529,16 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
             p0 = r.get("initials") or []    # round 0: the probe's head on the base, before z moves (FLITE's own share)
             out.append((f"FLITE's latents add to the probed head: above the probe alone ({part})", verdict(pb, p0, False)
                         + f" (FLITE - probe alone = {100 * (np.mean(pb) - np.mean(p0)):+.2f} pp)"))
+            fp = f("fedavg_probe", part)
+            if fp:                  # both from the same probe run: the head is no longer FLITE's edge alone
+                up = rows[f"fedavg_probe|{part}"]["up"] / r["up"]
+                out.append((f"on the same probed head, FLITE r = 16 int4g no worse than FedAvg fp32 - 1 pp ({part})",
+                            within(pb, fp, 0.01) + f" (FLITE - FedAvg = {gap('flite_r16g_probe', 'fedavg_probe', part, part)}; "
+                            f"uplink {up:,.0f}x below FedAvg's a client a round)"))
+                if f("fedavg", part):
+                    out.append((f"the probed head helps FedAvg too: from the probe above from the fresh head ({part})",
+                                verdict(fp, f("fedavg", part), False)
+                                + f" (probed - fresh = {gap('fedavg_probe', 'fedavg', part, part)})"))
     sc = f("flite_scratch")
     if sc and fl:
         out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)

@@ -83,7 +83,8 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from lightfed.engine import local
     from flite_vision import LR_OF, ONCE, PAIRED, PROBED, ROWS, SWEEP, calibration_grid, grid, starts_of
     lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
-           "fedavg@dirichlet:0.1": 1e-5}      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
+           "fedavg@dirichlet:0.1": 1e-5,      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
+           "fedavg_probe@dirichlet:0.1": 2e-4}    # a row swept only on Dirichlet clients (it has no IID cell)
     g = grid([0, 1, 2], quick, lrs)
     cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
@@ -101,7 +102,7 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     assert starts["probe|iid|s0"] == probe_row
     for label, c in g:
         key, part, _ = label.split("|")
-        want = lrs.get(f"{LR_OF[key]}@{part}", lrs[LR_OF[key]]) if LR_OF[key] else None
+        want = lrs.get(f"{LR_OF[key]}@{part}", lrs.get(LR_OF[key])) if LR_OF[key] else None
         assert (want == 1e-5) == (LR_OF[key] == "fedavg" and part == "dirichlet:0.1")
         if key in PAIRED:           # z's lr and the trained head's
             assert [c["lr"], c["method_options"]["head_lr"]] == want
@@ -330,6 +331,29 @@ def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the
     assert "(iid)" not in " ".join(dict(claims(rows, 10 ** 6)))
     own = dict(claims(rows, 10 ** 6))["FLITE's latents add to the probed head: above the probe alone (dirichlet:0.1)"]
     assert own.startswith("met") and "FLITE - probe alone = +6.00 pp" in own
+    assert not [k for k, _ in claims(rows, 10 ** 6) if "same probed head" in k]     # no FedAvg from the probe: no claim
+    rows["fedavg_probe|dirichlet:0.1"] = {"finals": [0.64, 0.65, 0.66], "seeds": [0, 1, 2], "up": 50}
+    got = dict(claims(rows, 10 ** 6))
+    same = got["on the same probed head, FLITE r = 16 int4g no worse than FedAvg fp32 - 1 pp (dirichlet:0.1)"]
+    assert same.startswith("missed") and "FLITE - FedAvg = -4.00 pp" in same and "10x below" in same
+    helps = got["the probed head helps FedAvg too: from the probe above from the fresh head (dirichlet:0.1)"]
+    assert helps.startswith("missed") and "probed - fresh = -5.00 pp" in helps
+
+
+def test_flite_vision_sets_the_averaging_cost_of_flite_beside_fedavgs_seed_by_seed():
+    """Each method's central row against its federated one, seed by seed; the two costs are compared seed by seed (a
+    cost FedAvg pays as much is the protocol's, not FLITE's)."""
+    from flite_vision import claims
+    row = lambda finals, seeds=(0, 1, 2): {"finals": list(finals), "seeds": list(seeds), "up": 5}
+    rows = {"flite_r16g_central|iid": row([0.82, 0.83, 0.84]), "flite_r16g|iid": row([0.77, 0.78, 0.79]),
+            "fedavg|iid": row([0.80, 0.81, 0.82])}
+    assert not [k for k, _ in claims(rows, 10 ** 6) if "FedAvg fp32 (central" in k or "costs FedAvg" in k]
+    rows["fedavg_central|iid"] = row([0.84, 0.86, 0.85], (0, 2, 1))          # seeds out of order: paired by seed
+    got = dict(claims(rows, 10 ** 6))
+    assert got["what averaging costs FedAvg fp32: centralised (same steps) above federated"].startswith("met")
+    both = got["averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)"]
+    assert both.startswith("met") and "FLITE's cost +5.00 pp, FedAvg's +4.00 pp" in both, both
+    assert "centralised, FLITE - FedAvg = -2.00 pp over seeds 0, 1, 2" in both
 
 
 def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_an_outgrown_grid():
