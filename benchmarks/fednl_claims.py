@@ -507,7 +507,7 @@ def main():
     for p in parts:
         t = time.time()
         res[p] = {"recipe": lambda: R.part_recipe(a.size if a.size in R.SIZES else "cpu", a.workers,
-                                                  set(a.rows.split(";")) if a.rows else None),
+                                                  set(a.rows.split(";")) if a.rows else None, a.from_runs),
                   "passkey": lambda: R.part_retrieval(a.size if a.size in R.SIZES else "cpu", seeds, a.workers, RECIPE,
                                                       set(a.rows.split(";")) if a.rows else None,
                                                       [int(x) for x in a.baseline_seeds.split(",")] if a.baseline_seeds else None,

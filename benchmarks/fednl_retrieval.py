@@ -178,14 +178,15 @@ def _plain_loss(model, b):
     return F.cross_entropy(model.lm_head(h[:, :-1][sel]).float(), b["input_ids"][:, 1:][sel])
 
 
-def part_recipe(size_name: str, workers: int, labels: set[str] | None = None) -> dict:
-    """labels: the rows this command may run (default: all); every row of RECIPE is reported, from the store."""
+def part_recipe(size_name: str, workers: int, labels: set[str] | None = None, from_runs: bool = False) -> dict:
+    """labels: the rows this command may run (default: all); every row of RECIPE is reported, from the store
+    (from_runs: nothing runs)."""
     size = SIZES[size_name]
     bad = sorted((labels or set()) - {r[0] for r in RECIPE})
     if bad:
         raise ValueError(f"recipe: unknown rows {bad}; rows: {[r[0] for r in RECIPE]}")
     grid = recipe_grid(size)
-    sums = reuse_or_run(grid, workers, only=labels)
+    sums = reuse_or_run(grid, workers, from_runs, only=labels)
     rows = []
     for (label, c), s in zip(grid, sums):
         if "error" in s:
@@ -200,7 +201,7 @@ def part_recipe(size_name: str, workers: int, labels: set[str] | None = None) ->
                      "s_per_step": s["time"]["client_compute"] / steps if steps else None, "cells": cells,
                      "outside_question_chunk": float(np.mean(out_q)), "initial": s["initial"], "final": s["final"],
                      "train_loss": loss})
-    return {"rows": rows, "costs": step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
+    return {"rows": rows, "costs": None if from_runs else step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
 
 
 def retrieval_grid(size: dict, seeds, recipe: dict, methods: set[str] | None = None, baseline_seeds=None) -> list[tuple[str, dict]]:
@@ -472,8 +473,9 @@ def markdown_recipe(r: dict) -> list[str]:
         out = [v for k, v in row["cells"].items() if not k.endswith("/1")]
         lo, hi = wilson(round(sum(out) * n_cell), len(out) * n_cell)
         L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | [{lo:.2f}, {hi:.2f}] | {cells} | {row['s_per_step']:.2f} |")
-    L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):", "",
-          "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
+    if r["costs"]:                          # measured by a command that ran (--from-runs measures nothing)
+        L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):",
+              "", "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
     return L + [""]
 
 

@@ -1,5 +1,6 @@
 """The benchmarks' verdict rules: a claim is "met" only over 3 seeds that separate the claimed way, and a run that
 never reaches a target counts only through the bound its whole-run cost gives."""
+import shutil
 import sys
 from pathlib import Path
 
@@ -518,7 +519,7 @@ def test_recipe_rows_run_alone_are_reported_with_every_row_of_the_store_in_the_r
     asked = []
 
     def fake_run(grid, workers, from_runs=False, only=None):
-        asked.append(only)
+        asked.append(only if not from_runs else ("from runs", only))
         out = []
         for label, c in grid:
             if label not in only:
@@ -540,6 +541,11 @@ def test_recipe_rows_run_alone_are_reported_with_every_row_of_the_store_in_the_r
     assert r["rows"][-1]["train_loss"] == [1.0]
     with pytest.raises(ValueError, match="unknown rows"):
         R.part_recipe("cpu", 1, {"no such row"})
+    monkeypatch.setattr(R, "step_costs", lambda size: pytest.fail("--from-runs measured the step costs"))
+    shutil.rmtree(tmp_path / "store")
+    r = R.part_recipe("cpu", 1, {new}, from_runs=True)       # --from-runs: nothing runs, no cost is measured
+    assert asked[-1] == ("from runs", {new}) and r["costs"] is None
+    assert "Cost of one training step" not in "\n".join(R.markdown_recipe(r))
 
 
 def test_why_table_sets_each_edit_beside_the_streams_as_drawn():
