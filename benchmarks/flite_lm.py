@@ -26,11 +26,17 @@ from flite_claims import TASKS  # noqa: E402
 
 BASE = {**TASKS["austen"], "partition": "iid", "progress": False}
 QUICK = {"rounds": 1, "task_options": {"tiny": True, "train_blocks": 30, "test_blocks": 12, "block_len": 32}}
-# (key, label, method, options). The default map (r = 20, int4: one scale per message) and rank at the budget's edge
-# with a float32 scale per 32 latents (int4g: no latent rounds to 0): 22^2 x 211 Linear = 102,124 latents, ~64 KB
-ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
-        ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}),
-        ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"})]
+# (key, label, method, options, run settings). The default map (r = 20, int4: one scale per message) and rank at the
+# budget's edge with a float32 scale per 32 latents (int4g: no latent rounds to 0): 22^2 x 211 Linear = 102,124
+# latents, ~64 KB. The central rows: one client holding every block for the federated run's 75 client steps (5 rounds
+# x 3 clients x 5 batches), at their federated row's lr: what the averaging costs each method
+CENTRAL = {"clients": 1, "fraction": 1.0, "local_steps": 15}
+ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}, {}),
+        ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}, {}),
+        ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"}, {}),
+        ("fedavg_central", "FedAvg fp32, centralised (1 client, the same 75 steps)", "fedavg", {}, CENTRAL),
+        ("flite_central", "FLITE r = 20 int4, centralised (1 client, the same 75 steps)", "flite", {}, CENTRAL)]
+LR_OF = {"fedavg_central": "fedavg", "flite_central": "flite"}      # rows at another row's lr (no sweep of their own)
 SWEEP = {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]}
 CUT = 0.88              # the validation corpus: the first 88% of each novel's characters
 TARGET_X = 8000         # uplink at least this many times below FedAvg's, by len() of the messages
@@ -57,20 +63,21 @@ def grid_base(quick: bool) -> dict:
 def configs(quick: bool, lrs: dict | None, seeds: list[int]) -> list[tuple[str, dict]]:
     """The sweep's runs (lrs None: seed 0 on the validation corpus) or the grid's (each row at its chosen lr)."""
     base, g = grid_base(quick), []
-    for key, _, m, mo in ROWS:
+    for key, _, m, mo, run in ROWS:
         if lrs is None:
             to = {**base["task_options"], "data": validation_corpus()}
             g += [(f"{key} lr {lr:g}", {**base, "method": m, "method_options": mo, "lr": lr, "seed": 0, "task_options": to})
-                  for lr in SWEEP[key]]
-        else:
-            g += [(f"{key} s{s}", {**base, "method": m, "method_options": mo, "lr": lrs[key], "seed": s}) for s in seeds]
+                  for lr in SWEEP.get(key, [])]
+        elif lrs.get(LR_OF.get(key, key)) is not None:          # None: its sweep has not finished
+            g += [(f"{key} s{s}", {**base, **run, "method": m, "method_options": mo, "lr": lrs[LR_OF.get(key, key)],
+                                   "seed": s}) for s in seeds]
     return g
 
 
 def choose(cal: list[tuple[str, dict]], sums: list[dict]) -> tuple[dict, list[dict]]:
     """Each row's lr (the lowest validation perplexity; None until its sweep finished) and the sweep's table rows."""
     table, lrs = [], {}
-    for key, *_ in ROWS:
+    for key in SWEEP:
         pts = [(c["lr"], s.get("final"), s.get("error")) for (label, c), s in zip(cal, sums) if label.split(" ")[0] == key]
         done = [(lr, f) for lr, f, e in pts if e is None]
         best = min(done, key=lambda p: p[1])[0] if len(done) == len(pts) else None
@@ -83,7 +90,7 @@ def choose(cal: list[tuple[str, dict]], sums: list[dict]) -> tuple[dict, list[di
 def claims(rows: dict) -> list[tuple[str, str]]:
     fa = rows.get("fedavg")
     out = []
-    for key, label, *_ in ROWS[1:]:
+    for key, label, *_ in ROWS[1:3]:
         r = rows.get(key)
         if not (r and fa and r["finals"] and fa["finals"]):
             continue
@@ -93,7 +100,24 @@ def claims(rows: dict) -> list[tuple[str, str]]:
                     + f" (means {np.mean(r['finals']):.2f} vs {np.mean(fa['finals']):.2f}, "
                     f"{100 * (np.mean(r['finals']) / np.mean(fa['finals']) - 1):+.1f}%; uplink {x:,.0f}x below FedAvg's: "
                     f"{'at least' if x >= TARGET_X else 'under'} {TARGET_X:,}x)"))
+    cost = {}
+    for key, fed in (("flite_central", "flite"), ("fedavg_central", "fedavg")):
+        c, f = rows.get(key), rows.get(fed)
+        if c and f and c["finals"] and f["finals"]:         # federated - central perplexity, seed by seed
+            a, b = dict(zip(c["seeds"], c["finals"])), dict(zip(f["seeds"], f["finals"]))
+            cost[fed] = [b[s] - a[s] for s in sorted(set(a) & set(b))]
+            out.append((f"what averaging costs {label_of(fed)}: centralised (the same steps) below federated",
+                        verdict(c["finals"], f["finals"], True) + f" (federated - centralised = {np.mean(cost[fed]):+.2f})"))
+    if len(cost) == 2:
+        out.append(("averaging costs FLITE more perplexity than FedAvg (federated - centralised, seed by seed)",
+                    verdict(cost["flite"], cost["fedavg"], False)
+                    + f" (FLITE {np.mean(cost['flite']):+.2f}, FedAvg {np.mean(cost['fedavg']):+.2f}; centralised: FLITE "
+                    f"{np.mean(rows['flite_central']['finals']):.2f} vs FedAvg {np.mean(rows['fedavg_central']['finals']):.2f})"))
     return out
+
+
+def label_of(key: str) -> str:
+    return next(r[1] for r in ROWS if r[0] == key)
 
 
 def render(res: dict) -> str:
@@ -131,10 +155,8 @@ def main(argv=None) -> None:
     seeds = [int(s) for s in a.seeds.split(",")]
     cal = common.placed(configs(a.quick, None, seeds))
     lrs, sweep = choose(cal, common.reuse_or_run(cal, a.workers, a.from_runs))
-    ready = {k: v for k, v in lrs.items() if v is not None}
-    grid = common.placed([(label, c) for label, c in configs(a.quick, {k: ready.get(k, 0.0) for k in lrs}, seeds)
-                          if label.split(" ")[0] in ready])
-    rows = {key: {"finals": [], "initials": [], "seeds": [], "provenance": [], "errors": [], "lr": lrs[key]}
+    grid = common.placed(configs(a.quick, lrs, seeds))
+    rows = {key: {"finals": [], "initials": [], "seeds": [], "provenance": [], "errors": [], "lr": lrs[LR_OF.get(key, key)]}
             for key, *_ in ROWS}
     for (label, c), s in zip(grid, common.reuse_or_run(grid, a.workers, a.from_runs)):
         r = rows[label.split(" ")[0]]

@@ -813,3 +813,11 @@ def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexi
     assert b.startswith("missed") and "under 8,000x" in b
     rows["flite"]["finals"] = [46.0, 46.1, 46.2]                          # 2% above: separated the wrong way
     assert dict(L.claims(rows))[next(k for k in got if k.startswith(L.ROWS[1][1]))].startswith("missed")
+    assert not [k for k in got if "averaging" in k]                       # no central rows yet: no claim on them
+    rows["flite"]["seeds"] = rows["fedavg"]["seeds"] = [0, 1, 2]
+    rows["flite_central"] = {"finals": [44.0, 44.2, 44.1], "seeds": [0, 2, 1]}     # paired by seed: costs 2.0 each
+    rows["fedavg_central"] = {"finals": [44.5, 44.6, 44.7], "seeds": [0, 1, 2]}    # costs 0.5 each
+    got = dict(L.claims(rows))
+    assert got["what averaging costs FedAvg fp32: centralised (the same steps) below federated"].startswith("met")
+    both = got["averaging costs FLITE more perplexity than FedAvg (federated - centralised, seed by seed)"]
+    assert both.startswith("met") and "FLITE +2.00, FedAvg +0.50" in both, both
