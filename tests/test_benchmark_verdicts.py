@@ -85,7 +85,8 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from flite_vision import LR_OF, ONCE, PAIRED, PROBED, ROWS, SWEEP, calibration_grid, grid, starts_of
     lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
            "fedavg@dirichlet:0.1": 1e-5,      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
-           "fedavg_probe@dirichlet:0.1": 2e-4}    # a row swept only on Dirichlet clients (it has no IID cell)
+           "fedavg_probe@dirichlet:0.1": 2e-4,    # a row swept only on Dirichlet clients (it has no IID cell)
+           "fedavg_central": 3e-5}                # a central row with its own lr, swept in its own setting
     g = grid([0, 1, 2], quick, lrs)
     cal = calibration_grid(quick)
     assert {label.split("|")[0] for label, _ in g} == {r[0] for r in ROWS}
@@ -99,6 +100,8 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
             p = starts[c["init"]]
             assert (p["method"], p["rounds"], p["partition"], p["seed"], p["task_options"]) == \
                 ("probe", 1, c["partition"], c["seed"], c["task_options"])
+    for label, c in cal:            # a central row's sweep runs in its own setting (one client, 50 steps a round)
+        assert (c["clients"] == 1) == label.startswith("fedavg_central")
     probe_row = next(c for label, c in g if label == "probe|iid|s0")    # the grid's probe row is the IID seed-0 start
     assert starts["probe|iid|s0"] == probe_row
     for label, c in g:
@@ -813,11 +816,3 @@ def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexi
     assert b.startswith("missed") and "under 8,000x" in b
     rows["flite"]["finals"] = [46.0, 46.1, 46.2]                          # 2% above: separated the wrong way
     assert dict(L.claims(rows))[next(k for k in got if k.startswith(L.ROWS[1][1]))].startswith("missed")
-    assert not [k for k in got if "averaging" in k]                       # no central rows yet: no claim on them
-    rows["flite"]["seeds"] = rows["fedavg"]["seeds"] = [0, 1, 2]
-    rows["flite_central"] = {"finals": [44.0, 44.2, 44.1], "seeds": [0, 2, 1]}     # paired by seed: costs 2.0 each
-    rows["fedavg_central"] = {"finals": [44.5, 44.6, 44.7], "seeds": [0, 1, 2]}    # costs 0.5 each
-    got = dict(L.claims(rows))
-    assert got["what averaging costs FedAvg fp32: centralised (the same steps) below federated"].startswith("met")
-    both = got["averaging costs FLITE more perplexity than FedAvg (federated - centralised, seed by seed)"]
-    assert both.startswith("met") and "FLITE +2.00, FedAvg +0.50" in both, both
