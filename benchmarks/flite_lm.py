@@ -123,6 +123,7 @@ def render(res: dict) -> str:
                  f"{', '.join(map(str, r['seeds']))} | {np.mean(r['initials']):.2f} | {r['up']:,} | {x} |")
     L += ["", "## Claims (3 seeds; met only where the seeds' ranges separate)\n", "| claim | verdict |", "|---|---|"]
     L += [f"| {k} | {v} |" for k, v in res["claims"]]
+    L += ["", f"![perplexity by round and against the uplink]({res['name']}.png)"]
     return "\n".join(L) + "\n"
 
 
@@ -149,11 +150,38 @@ def main(argv=None) -> None:
         r["seeds"].append(c["seed"])
         r["provenance"].append(common.provenance(s))
         r["up"] = int(s["bytes"]["up_per_client_round"])
+        r.setdefault("curves", []).append([[h["round"], h[s["metric"]]] for h in s["history"]])
     res = {"meta": meta("python benchmarks/flite_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)),
+           "name": "flite_lm" + ("_quick" if a.quick else ""),
            "setting": {k: v for k, v in grid_base(a.quick).items() if k not in ("progress", "lr")}, "validation_data": validation_corpus(),
            "sweep": sweep, "lrs": lrs, "rows": rows}
     res["claims"] = claims(rows)
-    print(write("flite_lm" + ("_quick" if a.quick else ""), res, render(res)))
+    name = res["name"]
+    plot(res, name)
+    print(write(name, res, render(res)))
+
+
+def plot(res: dict, name: str) -> None:
+    """Test perplexity by round (mean, band: min..max over seeds) and the final one against the uplink bytes."""
+    plt = common.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label, *_ in ROWS:
+        r = res["rows"].get(key) or {}
+        if not r.get("curves"):
+            continue
+        x = [p[0] for p in r["curves"][0]]
+        y = np.array([[p[1] for p in c] for c in r["curves"]])
+        line, = a.plot(x, y.mean(0), label=label)
+        a.fill_between(x, y.min(0), y.max(0), color=line.get_color(), alpha=0.2)
+        b.errorbar(r["up"], np.mean(r["finals"]), yerr=[[np.mean(r["finals"]) - min(r["finals"])],
+                   [max(r["finals"]) - np.mean(r["finals"])]], fmt="o", color=line.get_color(), capsize=3)
+    a.set(xlabel="round", ylabel="test perplexity", title="Austen, SmolLM2-135M")
+    b.set(xscale="log", xlabel="uplink bytes per client per round (log)", ylabel="final test perplexity (bars: min..max)")
+    a.legend(fontsize=7)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.text(0.01, 0.01, f"benchmarks/flite_lm.py, code {res['meta']['code']}", fontsize=6, alpha=0.6)
+    common.save(fig, common.RESULTS / f"{name}.png")
 
 
 if __name__ == "__main__":
