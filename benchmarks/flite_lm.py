@@ -150,6 +150,7 @@ def main(argv=None) -> None:
         r["seeds"].append(c["seed"])
         r["provenance"].append(common.provenance(s))
         r["up"] = int(s["bytes"]["up_per_client_round"])
+        r["latent"] = (s.get("method_info") or {}).get("latent")         # FLITE's latents (None for FedAvg)
         r.setdefault("curves", []).append([[h["round"], h[s["metric"]]] for h in s["history"]])
     res = {"meta": meta("python benchmarks/flite_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)),
            "name": "flite_lm" + ("_quick" if a.quick else ""),

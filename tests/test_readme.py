@@ -212,6 +212,16 @@ ROWS = {
         verdict=lambda d: vision_claim(d, "FLITE r = 16, int4g, on a probed head within 1 pp of FedAvg fp32 (dirichlet:0.1)")[1],
         claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g_probe')[3]['r']} 1 0.1 "
                         f"{len(d['rows']['flite_r16g_probe|dirichlet:0.1']['seeds'])}"),
+    "FLITE on a language model within 1% of FedAvg fp32's perplexity at ≥ 8,000x fewer uplink bytes (Austen, "
+    "SmolLM2-135M, IID, 3 seeds, lrs on validation text)": dict(
+        json="flite_lm.json",
+        measured=lambda d: [f"{mean(d['rows']['flite_r22g']['finals']):.2f}", f"{mean(d['rows']['fedavg']['finals']):.2f}",
+                            f"{100 * (mean(d['rows']['flite_r22g']['finals']) / mean(d['rows']['fedavg']['finals']) - 1):+.1f}",
+                            f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g']['up']:,.0f}",
+                            f"{d['rows']['flite_r22g']['latent']:,}", f"{d['rows']['flite']['latent']:,}",
+                            f"{mean(d['rows']['flite']['finals']):.2f}", f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}"],
+        verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
+        claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
     dict(
         json="zoflite_prompt.json",
