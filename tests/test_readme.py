@@ -188,7 +188,8 @@ ROWS = {
         measured=lambda d: [vision_mean(d, "flite_r20g|iid"), vision_mean(d, "fedavg|iid"),
                             f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite_r20g|iid']['up']:,.0f}",
                             f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g_central')[3]['r']}",
-                            vision_mean(d, "flite_r16g_central|iid"), vision_mean(d, "flite_r16g|iid")],
+                            vision_mean(d, "flite_r16g_central|iid"), vision_mean(d, "flite_r16g|iid"),
+                            vision_mean(d, "fedavg_central|iid"), vision_mean(d, "fedavg|iid")],
         verdict=lambda d: vision_claim(d, "FLITE r = 20, int4g within 1 pp of FedAvg fp32 (iid)")[1],
         claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r20g')[3]['r']} "
                         f"{d['rows']['flite_r20g|iid']['method_info']['latent']:,} 8,000 1 "
