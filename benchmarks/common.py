@@ -159,6 +159,17 @@ def provenance(s: dict) -> dict:
             "command": b.get("command", ""), "at_hand": at_hand(s)}
 
 
+def add_seed(r: dict, c: dict, s: dict) -> bool:
+    """One run (config c, summary s) into its results row: its seed's final and initial metric, seed and provenance, or
+    its error. -> whether it finished."""
+    if "error" in s:
+        r.setdefault("errors", []).append(s["error"])
+        return False
+    for k, v in (("finals", s["final"]), ("initials", s["initial"]), ("seeds", c["seed"]), ("provenance", provenance(s))):
+        r.setdefault(k, []).append(v)
+    return True
+
+
 def marked(text: str, provs: list[dict]) -> str:
     """A table cell: the figure as it is where every seed behind it was made by the code at hand, else with a dagger
     (the results file says which code made it)."""

@@ -142,13 +142,8 @@ def main(argv=None) -> None:
             for key, *_ in ROWS}
     for (label, c), s in zip(grid, common.reuse_or_run(grid, a.workers, a.from_runs)):
         r = rows[label.split(" ")[0]]
-        if "error" in s:
-            r["errors"].append(s["error"])
+        if not common.add_seed(r, c, s):
             continue
-        r["finals"].append(s["final"])
-        r["initials"].append(s["initial"])
-        r["seeds"].append(c["seed"])
-        r["provenance"].append(common.provenance(s))
         r["up"] = int(s["bytes"]["up_per_client_round"])
         r["latent"] = (s.get("method_info") or {}).get("latent")         # FLITE's latents (None for FedAvg)
         r.setdefault("curves", []).append([[h["round"], h[s["metric"]]] for h in s["history"]])

@@ -388,13 +388,8 @@ def summarize(g, sums) -> dict:
     for (label, c), s in zip(g, sums):
         key, part, _ = label.split("|")
         r = rows.setdefault(f"{key}|{part}", empty_row(key, part))
-        if "error" in s:
-            r["errors"].append(s["error"])
+        if not common.add_seed(r, c, s):                        # its provenance: who made it, is it the code at hand
             continue
-        r["finals"].append(s["final"])
-        r["initials"].append(s["initial"])
-        r["seeds"].append(c["seed"])
-        r["provenance"].append(common.provenance(s))          # who made this seed, and is it the code at hand
         r["curves"].append([[h["round"], h[s["metric"]]] for h in s["history"]])
         r["weight_moves"].append(common.derived(c, "weight_moves", weight_moves, latent))
         if key in AGREEMENT:
