@@ -26,14 +26,13 @@ from flite_claims import TASKS  # noqa: E402
 
 BASE = {**TASKS["austen"], "partition": "iid", "progress": False}
 QUICK = {"rounds": 1, "task_options": {"tiny": True, "train_blocks": 30, "test_blocks": 12, "block_len": 32}}
-# (key, label, method, options, run settings). The default map (r = 20, int4: one scale per message) and rank at the
-# budget's edge with a float32 scale per 32 latents (int4g: no latent rounds to 0): 22^2 x 211 Linear = 102,124
-# latents, ~64 KB. (A central row at its federated row's lr does not isolate the averaging: FedAvg's vision lr, chosen
-# for averaged steps, broke 1,000 sequential ones, flite_vision.py's fedavg_central; such rows need their own sweep.)
-ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}, {}),
-        ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}, {}),
-        ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"}, {})]
-LR_OF: dict[str, str] = {}          # rows at another row's lr (none yet: every row has its own sweep)
+# (key, label, method, options). The default map (r = 20, int4: one scale per message) and rank at the budget's edge
+# with a float32 scale per 32 latents (int4g: no latent rounds to 0): 22^2 x 211 Linear = 102,124 latents, ~64 KB.
+# (A central twin at its federated row's lr does not isolate the averaging: FedAvg's vision lr, chosen for averaged
+# steps, broke 1,000 sequential ones, flite_vision.py's fedavg_central; such a row needs its own sweep.)
+ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
+        ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}),
+        ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"})]
 SWEEP = {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]}
 CUT = 0.88              # the validation corpus: the first 88% of each novel's characters
 TARGET_X = 8000         # uplink at least this many times below FedAvg's, by len() of the messages
@@ -60,14 +59,13 @@ def grid_base(quick: bool) -> dict:
 def configs(quick: bool, lrs: dict | None, seeds: list[int]) -> list[tuple[str, dict]]:
     """The sweep's runs (lrs None: seed 0 on the validation corpus) or the grid's (each row at its chosen lr)."""
     base, g = grid_base(quick), []
-    for key, _, m, mo, run in ROWS:
+    to = {**base["task_options"], "data": validation_corpus()} if lrs is None else None
+    for key, _, m, mo in ROWS:
         if lrs is None:
-            to = {**base["task_options"], "data": validation_corpus()}
             g += [(f"{key} lr {lr:g}", {**base, "method": m, "method_options": mo, "lr": lr, "seed": 0, "task_options": to})
-                  for lr in SWEEP.get(key, [])]
-        elif lrs.get(LR_OF.get(key, key)) is not None:          # None: its sweep has not finished
-            g += [(f"{key} s{s}", {**base, **run, "method": m, "method_options": mo, "lr": lrs[LR_OF.get(key, key)],
-                                   "seed": s}) for s in seeds]
+                  for lr in SWEEP[key]]
+        elif lrs.get(key) is not None:                           # None: its sweep has not finished
+            g += [(f"{key} s{s}", {**base, "method": m, "method_options": mo, "lr": lrs[key], "seed": s}) for s in seeds]
     return g
 
 
@@ -98,7 +96,6 @@ def claims(rows: dict) -> list[tuple[str, str]]:
                     f"{100 * (np.mean(r['finals']) / np.mean(fa['finals']) - 1):+.1f}%; uplink {x:,.0f}x below FedAvg's: "
                     f"{'at least' if x >= TARGET_X else 'under'} {TARGET_X:,}x)"))
     return out
-
 
 
 def render(res: dict) -> str:
@@ -138,7 +135,7 @@ def main(argv=None) -> None:
     cal = common.placed(configs(a.quick, None, seeds))
     lrs, sweep = choose(cal, common.reuse_or_run(cal, a.workers, a.from_runs))
     grid = common.placed(configs(a.quick, lrs, seeds))
-    rows = {key: {"finals": [], "initials": [], "seeds": [], "provenance": [], "errors": [], "lr": lrs[LR_OF.get(key, key)]}
+    rows = {key: {"finals": [], "initials": [], "seeds": [], "provenance": [], "errors": [], "lr": lrs[key]}
             for key, *_ in ROWS}
     for (label, c), s in zip(grid, common.reuse_or_run(grid, a.workers, a.from_runs)):
         r = rows[label.split(" ")[0]]
