@@ -72,6 +72,10 @@ ROWS = [
     # below FedAvg's; r = 32 (20,480) gives that up to say what rank alone can buy
     ("flite_r20g", "FLITE r = 20 (8,000 latents, int4g), frozen orthogonal head", "flite",
      {**PAPER, "r": 20, "codec": "int4g"}, {}, ["iid"], "claim"),
+    # what averaging costs r = 20 is the averaging's in z-space (clients agree on 0.73 of their moves there, FedAvg's
+    # weights on 0.92): a server step that moves server_lr times the clients' mean move (the lr pair: z's, the server's)
+    ("flite_r20g_srv", "FLITE r = 20 int4g, the server stepping server_lr x the clients' mean move", "flite",
+     {**PAPER, "r": 20, "codec": "int4g"}, {}, ["iid"], "claim"),
     ("flite_r32g", "FLITE r = 32 (20,480 latents, int4g), frozen orthogonal head", "flite",
      {**PAPER, "r": 32, "codec": "int4g"}, {}, ["iid"], "claim"),
     # what averaging costs r = 16 (the codec kept): one client, all images, the federated run's 1,000 client steps
@@ -107,12 +111,13 @@ ROWS = [
 ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central", "fedavg_central")}
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_central": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
-         "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r32g": "flite_r32g",
+         "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r20g_srv": "flite_r20g_srv", "flite_r32g": "flite_r32g",
          "flite_r16g_probe": "flite_r16g_probe",
          "flite_wscale": "flite_wscale",
          "fedavg": "fedavg", "fedavg_probe": "fedavg_probe", "fedavg_central": "fedavg_central",
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
-PAIRED = {"flite_head"}         # lr = (z's lr, the trained head's head_lr): a latent and weights want steps far apart
+# lr = (z's lr, a second step's): the trained head's head_lr (a latent and weights want steps far apart), the server's
+PAIRED = {"flite_head": "head_lr", "flite_r20g_srv": "server_lr"}
 # Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
 # (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
 # FLITE's sweep grew upward each time its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
@@ -146,25 +151,28 @@ SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase":
          "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
          "fedavg_probe@dirichlet:0.1": [3e-5, 1e-4, 3e-4], "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4],
+         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0)],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
 
 
 def set_lr(c: dict, key: str, lr) -> dict:
-    """c with the row's lr: a float, or (z's lr, the head's) for PAIRED rows."""
+    """c with the row's lr: a float, or (z's lr, the second step's) for PAIRED rows."""
     if key in PAIRED:
-        return {**c, "lr": lr[0], "method_options": {**c["method_options"], "head_lr": lr[1]}}
+        return {**c, "lr": lr[0], "method_options": {**c["method_options"], PAIRED[key]: lr[1]}}
     return {**c, "lr": lr}
 
 
 def run_lr(c: dict):
-    """A run's lr as set_lr set it: a float, or [z's lr, head_lr]."""
-    return [c["lr"], c["method_options"]["head_lr"]] if "head_lr" in c["method_options"] else c.get("lr")
+    """A run's lr as set_lr set it: a float, or [z's lr, the second step's]."""
+    second = [c["method_options"][k] for k in PAIRED.values() if k in c["method_options"]]
+    return [c["lr"], *second] if second else c.get("lr")
 
 
-def lr_name(lr) -> str:
-    return f"{lr[0]:g} head_lr {lr[1]:g}" if isinstance(lr, (tuple, list)) else f"{lr:g}"
+def lr_name(lr, kind: str) -> str:
+    """kind: a row key, or a sweep's kind ("<row>@<partition>")."""
+    return f"{lr[0]:g} {PAIRED[kind.split('@')[0]]} {lr[1]:g}" if isinstance(lr, (tuple, list)) else f"{lr:g}"
 
 
 def hashable(lr):
@@ -215,7 +223,7 @@ def calibration_grid(quick: bool, kinds=SWEEP) -> list[tuple[str, dict]]:
                         "task_options": {**CALIB["task_options"], **to}, **ROW_RUN.get(row, {})}, kind, lr)
             if quick:
                 c = {**c, **QUICK, "task_options": {**c["task_options"], **QUICK["task_options"]}}
-            g.append((f"{kind} lr {lr_name(lr)}", probed(row, c)))
+            g.append((f"{kind} lr {lr_name(lr, row)}", probed(row, c)))
     return g
 
 
@@ -504,8 +512,13 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
             out.append(("averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)",
                         verdict(fc, ac, False) + f" (FLITE's cost {100 * np.mean(fc):+.2f} pp, FedAvg's {100 * np.mean(ac):+.2f} pp; "
                         f"centralised, FLITE - FedAvg = {gap('flite_r16g_central', 'fedavg_central')})"))
+    srv, r20 = f("flite_r20g_srv"), f("flite_r20g")
+    if srv and r20:                 # the same map, codec and client steps: what the server's step adds
+        out.append(("r = 20 int4g: the server's step above the clients' mean", verdict(srv, r20, False)
+                    + f" (server step - mean = {gap('flite_r20g_srv', 'flite_r20g')})"))
     for key, what in (("flite_obase", "on the head-pretrained base"), ("flite_r16g", "r = 16, int4g"),
-                      ("flite_r20g", "r = 20, int4g"), ("flite_r32g", "r = 32, int4g"), ("flite_r16g_central", "r = 16, int4g, centralised"),
+                      ("flite_r20g", "r = 20, int4g"), ("flite_r20g_srv", "r = 20, int4g, the server's step"),
+                      ("flite_r32g", "r = 32, int4g"), ("flite_r16g_central", "r = 16, int4g, centralised"),
                       ("flite_r16g_probe", "r = 16, int4g, on a probed head"),
                       ("flite_wscale", "scale = weight")):
         for part in ("iid", "dirichlet:0.1"):
@@ -588,7 +601,7 @@ def render(res: dict) -> str:
         m, sd, n = ms(r["finals"])
         L.append(f"| {label[r['key']]} | {r['partition']} | {common.marked(f'{m:.4f} ± {sd:.4f}', r['provenance'])} | {np.mean(r['initials']):.4f} | "
                  f"{', '.join(map(str, r['seeds']))} | "
-                 f"{r['up']:,.0f} | {x_fewer(fa, r['up'])} | {'-' if r['lr'] is None else lr_name(r['lr'])} |")
+                 f"{r['up']:,.0f} | {x_fewer(fa, r['up'])} | {'-' if r['lr'] is None else lr_name(r['lr'], r['key'])} |")
     moves = [(label[r["key"]], r["partition"], r["seeds"], r["weight_moves"]) for r in res["rows"].values()
              if any(r.get("weight_moves") or [])]
     if moves:
@@ -695,7 +708,7 @@ def calibrate(a) -> None:
                  else "not run yet" if r["error"].startswith("not run") else "failed")
         md.append(f"| {r['label']} | {score} | {format(r['weight_moves']['median'], '.2f') if r.get('weight_moves') else '-'} |")
     edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v, list(acc[k]))}
-    md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v)}" for k, v in data["chosen"].items())]
+    md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v, k)}" for k, v in data["chosen"].items())]
     n = data["setting"]["task_options"]["test_size"]
 
     def beside(k, v):           # the chosen lr's neighbour in the sweep (a pair's: the runner-up), the gap in images
@@ -703,8 +716,8 @@ def calibrate(a) -> None:
         if len(lrs) < 2:
             return ""
         nb = max((x for x in a if x != v), key=a.get) if k in PAIRED else lrs[1] if v == lrs[0] else lrs[-2]
-        return f" ({a[v]:.4f} vs {a[nb]:.4f} at {lr_name(nb)}: {round((a[v] - a[nb]) * n)} of {n} images)"
-    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {lr_name(v)}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
+        return f" ({a[v]:.4f} vs {a[nb]:.4f} at {lr_name(nb, k)}: {round((a[v] - a[nb]) * n)} of {n} images)"
+    md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {lr_name(v, k)}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
     print(write(name, data, "\n".join(md) + "\n"))
 
 

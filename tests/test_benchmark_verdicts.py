@@ -83,7 +83,7 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from lightfed import config as C
     from lightfed.engine import local
     from flite_vision import LR_OF, ONCE, PAIRED, PROBED, ROWS, SWEEP, calibration_grid, grid, starts_of
-    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
+    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r20g_srv": [0.3, 2.0], "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
            "fedavg@dirichlet:0.1": 1e-5,      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
            "fedavg_probe@dirichlet:0.1": 2e-4,    # a row swept only on Dirichlet clients (it has no IID cell)
            "fedavg_central": 3e-5}                # a central row with its own lr, swept in its own setting
@@ -108,11 +108,11 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
         key, part, _ = label.split("|")
         want = lrs.get(f"{LR_OF[key]}@{part}", lrs.get(LR_OF[key])) if LR_OF[key] else None
         assert (want == 1e-5) == (LR_OF[key] == "fedavg" and part == "dirichlet:0.1")
-        if key in PAIRED:           # z's lr and the trained head's
-            assert [c["lr"], c["method_options"]["head_lr"]] == want
+        if key in PAIRED:           # z's lr and the second step's (the trained head's, the server's)
+            assert [c["lr"], c["method_options"][PAIRED[key]]] == want
         else:
             assert c["lr"] == want if want else {k: c[k] for k in ONCE} == ONCE
-            assert "head_lr" not in c["method_options"]
+            assert not set(PAIRED.values()) & set(c["method_options"])
     import common
     assert len(cal) == sum(map(len, SWEEP.values())) == len({common.store_folder(c) for _, c in cal})
     assert len(g) == len({common.store_folder(c) for _, c in g})      # every run its own folder in the store

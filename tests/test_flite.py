@@ -378,6 +378,36 @@ def test_int4_keeps_a_round_s_small_move_only_when_the_move_is_uploaded(delta):
         assert torch.equal(codes(new), codes(down["z"]))                  # and the server's z with it: no move
 
 
+@pytest.mark.parametrize("codec,delta", [("fp32", False), ("int4g", False), ("int4g", True)])
+def test_the_server_step_scales_the_clients_mean_move_from_what_they_started_at(codec, delta):
+    """server_lr = 1 is the clients' mean; server_lr = 2.5 moves from the decoded broadcast (delta: the server's fp32
+    z) by 2.5 times the mean move, so the move the clients agree on counts for more."""
+    news = {}
+    for lr in (1.0, 2.5):
+        T, cfg, m, model = flite(codec=codec, delta=delta, server_lr=lr)
+        state = m.init_state(model)
+        state["z"] = torch.randn(model.z.shape, generator=torch.Generator().manual_seed(0))
+        ups = []
+        for cid in (0, 1):
+            ctx = ClientContext(cid, 1, 100 + cid, cfg, T.loss, {})
+            up, _ = P.client_round(m, model, P.broadcast(m, state, 1), subset(T.train, range(8 * cid, 8 * cid + 16)),
+                                   ctx, cfg.max_message_bytes)
+            f = decode(up, P.up_schema(m), kind="flite/up", max_bytes=10**6)
+            ups.append((f, float(f.pop(P.EXAMPLES))))
+        news[lr] = m.aggregate(state, ups, 1)["z"]
+    start = state["z"] if delta else decode(P.broadcast(m, state, 1), m.down_schema(), kind="flite/down", max_bytes=10**6)["z"]
+    move = news[1.0] - start
+    assert move.norm() > 0 and (codec == "fp32" or delta or not torch.equal(start, state["z"]))   # int4g rounds z^t
+    assert torch.allclose(news[2.5], start + 2.5 * move, atol=1e-5)
+
+
+def test_a_server_step_out_of_range_is_refused_before_any_work():
+    from lightfed.config import ConfigError
+    for bad in (0.0, -1.0, 1000.0):
+        with pytest.raises(ConfigError, match="server_lr"):
+            flite(server_lr=bad)
+
+
 def test_differential_privacy_clips_the_same_move_whether_z_or_its_move_is_uploaded():
     """privacy.py clips an upload's change from what the client received; FLITE's delta upload is that change
     already, so both uploads report the same norm and, clipped, carry the same server z."""

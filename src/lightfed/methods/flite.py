@@ -26,6 +26,11 @@ them (the scale is recomputed from them, exact up to one float32 ulp), so the me
 `delta`: clients upload z_k - z^t instead of z_k. With absolute int4 latents and one scale per message, a round's
 move smaller than half a grid step (max|z| / 14) rounds back to the code it started from; the move's own scale keeps
 it (GN ResNet-18: |z| ~ 50 at FLITE's lr, benchmarks/results/flite_vision.md).
+`server_lr` (lightfed's, FedOpt's server step; the paper takes the mean): the server moves from the latents the clients
+started from (the decoded broadcast z^t) by server_lr times their mean move,
+    z^{t+1} = z^t + server_lr sum_k n_k (z_k - z^t) / n         (delta: the server's fp32 z plus server_lr x the mean move)
+so that what the clients agree on counts for more than one round's average of their moves (IID ResNet-18: averaging
+keeps ~0.73 of a client's move in z, FedAvg's weights ~0.92; benchmarks/results/flite_vision_rank.md).
 Recommended lr (`FLITE.lr`, what a run that sets no lr uses): latents want a far larger step than full
 fine-tuning. 1e-2, from a centralised check (real MiniLM sentiment, 640 train / 200 test, 60 AdamW steps of
 16, one seed; accuracy at z = 0: 0.56 with the orthogonal head):
@@ -47,7 +52,7 @@ from lightfed import seeds
 from lightfed.config import ConfigError
 from lightfed.methods import fedavg
 from lightfed.models import latent
-from lightfed.wire import dequantize, quantize
+from lightfed.wire import decode, dequantize, encode, quantize
 
 HEADS = ("orthogonal", "random", "trainable", "keep")
 
@@ -95,12 +100,15 @@ class Options(fedavg.Options, LatentOptions):
     head_lr: float = 0.0            # head = trainable: the head's own lr (0: the run's lr, one group with z)
     delta: bool = False             # upload z_k - z^t (the round's move) instead of z_k; the server adds the mean
                                     # move to its fp32 z (lightfed's; the paper sends z)
+    server_lr: float = 1.0          # the server's step on the clients' mean move (1: their mean; lightfed's)
 
     def check(self):
         super().check()
         self.check_latent()
         if self.head_lr < 0:
             raise ConfigError(f"flite: head_lr = {self.head_lr}: must be >= 0 (0: the run's lr)")
+        if not 0 < self.server_lr <= 100:
+            raise ConfigError(f"flite: server_lr = {self.server_lr}: must be in (0, 100] (1: the clients' mean)")
         if self.head_lr and self.head != "trainable":
             raise ConfigError(f"flite: head_lr = {self.head_lr} trains nothing with head = {self.head!r}: "
                               "it needs head = trainable")
@@ -176,6 +184,16 @@ class FLITE(fedavg.FedAvg):
         return {**received, "z": torch.zeros_like(received["z"])} if self.opts.delta else received
 
     def aggregate(self, state, updates, rnd):
+        start = state if self.opts.delta else self.sent(state, rnd)    # what the clients' moves are measured from
         if self.opts.delta:             # z^{t+1} = z^t + sum_k n_k (z_k - z^t) / n, on the server's fp32 z
             updates = [({**f, "z": state["z"] + f["z"]}, n) for f, n in updates]
-        return super().aggregate(state, updates, rnd)
+        mean = super().aggregate(state, updates, rnd)
+        if self.opts.server_lr == 1:
+            return mean
+        return {k: start[k] + self.opts.server_lr * (v - start[k]) for k, v in mean.items()}
+
+    def sent(self, state, rnd):
+        """The state as every client decoded this round's broadcast (the codec's rounding included)."""
+        schema, kind = self.down_schema(), f"{self.name}/down"
+        got = decode(encode(self.broadcast(state, rnd), schema, kind=kind), schema, kind=kind, max_bytes=2**62)
+        return {k: got.get(k, v).float() for k, v in state.items()}
