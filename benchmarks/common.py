@@ -187,9 +187,9 @@ def source_of(*objs) -> str:
     return h.hexdigest()[:12]
 
 
-def finished(label: str, c: dict) -> dict | None:
+def finished(label: str, c: dict, stale: bool = False) -> dict | None:
     """The summary of a run already made with config c (in c["out"], or its record when that folder is gone) by the
-    code at hand, or None."""
+    code at hand (stale: or by other code; its provenance says which), or None."""
     p, b, rec = Path(c["out"]) / "summary.json", _bench(Path(c["out"])), record_path(c)
     if p.exists() and b is not None:
         s = json.loads(p.read_text())
@@ -198,7 +198,7 @@ def finished(label: str, c: dict) -> dict | None:
         b = s["bench"]
     else:
         return None
-    if b["config"] != c or not at_hand({**s, "bench": b}):      # another config asked, or made by other code
+    if b["config"] != c or not (stale or at_hand({**s, "bench": b})):     # another config asked, or made by other code
         return None
     return {**s, "bench": b, "label": label}
 
@@ -252,8 +252,9 @@ def placed(grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = False, runner=None,
                  fresh_process: bool = False, only=None, redo=()) -> list[dict]:
-    """Runs that finished with the same config and code are reused; from_runs: nothing runs, the rest are listed
-    as not run; only (a set of labels): only those may run; redo (labels): made again whatever is kept of them.
+    """Runs that finished with the same config and code are reused; from_runs: nothing runs, a run made by other code
+    is reported as it is (its provenance marks its figures), the rest are listed as not run; only (a set of labels):
+    only those may run; redo (labels): made again whatever is kept of them.
     runner / fresh_process: as run_grid's."""
     grid = placed(grid)
     done = {label: None if label in redo else finished(label, c) for label, c in grid}
@@ -262,8 +263,8 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
             done[label] = {"label": label, "error": "not run: not asked for by this command, and not in the store"}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:
-        ran = {label: {"label": label, "error": "not run: the grid was stopped before it (or its run is stale)"}
-               for label, _ in todo}
+        ran = {label: finished(label, c, stale=True) or {"label": label, "error": "not run: the grid was stopped before it"}
+               for label, c in todo}
     else:
         ran = dict(zip([label for label, _ in todo], run_grid(todo, workers, runner, fresh_process))) if todo else {}
     out = [done[label] or ran[label] for label, _ in grid]

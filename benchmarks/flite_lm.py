@@ -1,15 +1,19 @@
-"""FLITE on a language model (issue 47, item 5): Austen perplexity on SmolLM2-135M against FedAvg fp32, rank bought
-with bits at >= 8,000x fewer uplink bytes, every lr chosen on validation text.
+"""FLITE on a language model (issue 47, item 5): Austen perplexity and prompted tweet sentiment on SmolLM2-135M against
+FedAvg fp32, rank bought with bits at >= 8,000x fewer uplink bytes, every lr chosen on validation data.
 
-    python benchmarks/flite_lm.py              # the lr sweeps (validation text, seed 0), then 3 seeds of every row
+    python benchmarks/flite_lm.py              # the lr sweeps (validation data, seed 0), then 3 seeds of every row
+    python benchmarks/flite_lm.py --task psentiment    # results/flite_lm_psentiment.*
     python benchmarks/flite_lm.py --from-runs  # run nothing: report what finished
     python benchmarks/flite_lm.py --quick      # the tiny twin (a minute)
 
-Setting: flite_claims.py's austen grid (10 clients IID, 3 a round, 5 rounds of one local epoch, batch 4, 64-token
+austen: flite_claims.py's austen grid (10 clients IID, 3 a round, 5 rounds of one local epoch, batch 4, 64-token
 blocks; test: 36 blocks from the last 10% of each novel). Validation: the same task on the first 88% of each novel
 (written once to ~/.cache/lightfed/austen-validation as a folder of .txt files, the task's `data` option), whose own
-held-out blocks lie in the 79-88% of each novel: training text of the real task, never its test text. Each row's lr
-is the lowest validation perplexity of its sweep; one at a sweep's edge is flagged.
+held-out blocks lie in the 79-88% of each novel: training text of the real task, never its test text.
+psentiment: zoflite_claims.py's prompt setting for first-order methods (10 clients IID, 2 a round, 8 rounds of 5
+local steps of 8 prompts, 1,000 training tweets, 500 test tweets: one is 0.2 pp), scored at round 0 (zero-shot) and
+at the end. Validation: 500 tweets outside the task's train and test rows (the task's `validation` option).
+Each row's lr is the best validation score of its sweep; one at a sweep's edge is flagged.
 """
 from __future__ import annotations
 
@@ -24,8 +28,15 @@ import common  # noqa: E402
 from common import meta, verdict, write  # noqa: E402
 from flite_claims import TASKS  # noqa: E402
 
-BASE = {**TASKS["austen"], "partition": "iid", "progress": False}
-QUICK = {"rounds": 1, "task_options": {"tiny": True, "train_blocks": 30, "test_blocks": 12, "block_len": 32}}
+BASE = {"austen": {**TASKS["austen"], "partition": "iid", "progress": False},
+        "psentiment": {"task": "psentiment", "clients": 10, "fraction": 0.2, "rounds": 8, "local_steps": 5, "batch_size": 8,
+                       "partition": "iid", "eval_every": 8, "progress": False,
+                       "task_options": {"train_size": 1000, "test_size": 500, "max_len": 48}}}
+QUICK = {"austen": {"rounds": 1, "task_options": {"tiny": True, "train_blocks": 30, "test_blocks": 12, "block_len": 32}},
+         "psentiment": {"rounds": 1, "eval_every": 1, "task_options": {"tiny": True, "train_size": 40, "test_size": 20, "max_len": 16}}}
+METRIC = {"austen": "perplexity", "psentiment": "accuracy"}
+HIGHER = {"austen": False, "psentiment": True}          # accuracy: higher is better; perplexity: lower
+TEST = {"austen": "{test_blocks} held-out blocks, the last 10% of each novel", "psentiment": "{test_size} held-out tweets, balanced"}
 # (key, label, method, options). The default map (r = 20, int4: one scale per message) and rank at the budget's edge
 # with a float32 scale per 32 latents (int4g: no latent rounds to 0): 22^2 x 211 Linear = 102,124 latents, ~64 KB.
 # (A central twin at its federated row's lr does not isolate the averaging: FedAvg's vision lr, chosen for averaged
@@ -33,7 +44,8 @@ QUICK = {"rounds": 1, "task_options": {"tiny": True, "train_blocks": 30, "test_b
 ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}),
         ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"})]
-SWEEP = {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]}
+SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]},
+         "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4], "flite": [3e-3, 1e-2, 3e-2]}}
 CUT = 0.88              # the validation corpus: the first 88% of each novel's characters
 TARGET_X = 8000         # uplink at least this many times below FedAvg's, by len() of the messages
 
@@ -52,75 +64,88 @@ def validation_corpus() -> str:
     return str(d)
 
 
-def grid_base(quick: bool) -> dict:
-    return {**BASE, **QUICK, "task_options": {**BASE["task_options"], **QUICK["task_options"]}} if quick else BASE
+def grid_base(quick: bool, task: str = "austen") -> dict:
+    b, q = BASE[task], QUICK[task]
+    return {**b, **q, "task_options": {**b["task_options"], **q["task_options"]}} if quick else b
 
 
-def configs(quick: bool, lrs: dict | None, seeds: list[int]) -> list[tuple[str, dict]]:
-    """The sweep's runs (lrs None: seed 0 on the validation corpus) or the grid's (each row at its chosen lr)."""
-    base, g = grid_base(quick), []
-    to = {**base["task_options"], "data": validation_corpus()} if lrs is None else None
+def configs(quick: bool, lrs: dict | None, seeds: list[int], task: str = "austen") -> list[tuple[str, dict]]:
+    """The sweep's runs (lrs None: seed 0 on the validation data) or the grid's (each row at its chosen lr)."""
+    base, g = grid_base(quick, task), []
+    to = None if lrs is not None else {**base["task_options"], **({"data": validation_corpus()} if task == "austen" else {"validation": True})}
     for key, _, m, mo in ROWS:
+        if key not in SWEEP[task]:
+            continue
         if lrs is None:
             g += [(f"{key} lr {lr:g}", {**base, "method": m, "method_options": mo, "lr": lr, "seed": 0, "task_options": to})
-                  for lr in SWEEP[key]]
+                  for lr in SWEEP[task][key]]
         elif lrs.get(key) is not None:                           # None: its sweep has not finished
             g += [(f"{key} s{s}", {**base, "method": m, "method_options": mo, "lr": lrs[key], "seed": s}) for s in seeds]
     return g
 
 
-def choose(cal: list[tuple[str, dict]], sums: list[dict]) -> tuple[dict, list[dict]]:
-    """Each row's lr (the lowest validation perplexity; None until its sweep finished) and the sweep's table rows."""
-    table, lrs = [], {}
-    for key in SWEEP:
+def choose(cal: list[tuple[str, dict]], sums: list[dict], task: str = "austen") -> tuple[dict, list[dict]]:
+    """Each row's lr (the best validation score; None until its sweep finished) and the sweep's table rows."""
+    table, lrs, sign = [], {}, -1 if HIGHER[task] else 1
+    for key, sweep in SWEEP[task].items():
         pts = [(c["lr"], s.get("final"), s.get("error")) for (label, c), s in zip(cal, sums) if label.split(" ")[0] == key]
         done = [(lr, f) for lr, f, e in pts if e is None]
-        best = min(done, key=lambda p: p[1])[0] if len(done) == len(pts) else None
+        best = min(done, key=lambda p: sign * p[1])[0] if len(done) == len(pts) else None
         lrs[key] = best
-        table += [{"row": key, "lr": lr, "perplexity": f, "error": e, "chosen": lr == best,
-                   "edge": lr == best and lr in (min(SWEEP[key]), max(SWEEP[key]))} for lr, f, e in pts]
+        table += [{"row": key, "lr": lr, METRIC[task]: f, "error": e, "chosen": lr == best,
+                   "edge": lr == best and lr in (min(sweep), max(sweep))} for lr, f, e in pts]
     return lrs, table
 
 
-def claims(rows: dict) -> list[tuple[str, str]]:
+def claims(rows: dict, task: str = "austen") -> list[tuple[str, str]]:
     fa = rows.get("fedavg")
     out = []
     for key, label, *_ in ROWS[1:]:
         r = rows.get(key)
         if not (r and fa and r["finals"] and fa["finals"]):
             continue
-        x = fa["up"] / r["up"]      # exact (no seeds): under the target, the claim is missed whatever the perplexity
-        out.append((f"{label}: perplexity within 1% of FedAvg fp32's at >= {TARGET_X:,}x fewer uplink bytes",
-                    (verdict(r["finals"], [1.01 * y for y in fa["finals"]], True) if x >= TARGET_X else "missed")
-                    + f" (means {np.mean(r['finals']):.2f} vs {np.mean(fa['finals']):.2f}, "
-                    f"{100 * (np.mean(r['finals']) / np.mean(fa['finals']) - 1):+.1f}%; uplink {x:,.0f}x below FedAvg's: "
+        x = fa["up"] / r["up"]      # exact (no seeds): under the target, the claim is missed whatever the score
+        a, b = np.mean(r["finals"]), np.mean(fa["finals"])
+        if HIGHER[task]:            # accuracy within 1 pp: FLITE's range above FedAvg's - 1 pp
+            what, v = "accuracy within 1 pp of", verdict(r["finals"], [y - 0.01 for y in fa["finals"]], False)
+            diff = f"means {a:.4f} vs {b:.4f}, {100 * (a - b):+.1f} pp"
+        else:
+            what, v = "perplexity within 1% of", verdict(r["finals"], [1.01 * y for y in fa["finals"]], True)
+            diff = f"means {a:.2f} vs {b:.2f}, {100 * (a / b - 1):+.1f}%"
+        out.append((f"{label}: {what} FedAvg fp32's at >= {TARGET_X:,}x fewer uplink bytes",
+                    (v if x >= TARGET_X else "missed") + f" ({diff}; uplink {x:,.0f}x below FedAvg's: "
                     f"{'at least' if x >= TARGET_X else 'under'} {TARGET_X:,}x)"))
     return out
 
 
 def render(res: dict) -> str:
-    L = ["# FLITE on a language model: Austen perplexity (SmolLM2-135M)\n",
+    task = res.get("task", "austen")
+    metric, nd = METRIC[task], 4 if HIGHER[task] else 2
+    title = {"austen": "Austen perplexity", "psentiment": "prompted tweet sentiment (psentiment)"}[task]
+    L = [f"# FLITE on a language model: {title} (SmolLM2-135M)\n",
          f"Command: `{res['meta']['command']}`  \nDate {res['meta']['date']}, code {res['meta']['code']}. "
          f"Setting: {res['setting']}. A figure marked † was made by other code than this file's (its provenance is in "
-         "the JSON).\n", "## lrs, chosen on validation text (seed 0; the lowest perplexity)\n",
-         "| row | lr | validation perplexity | |", "|---|---|---|---|"]
+         "the JSON).\n", f"## lrs, chosen on validation data (seed 0; the {'highest' if HIGHER[task] else 'lowest'} {metric})\n",
+         f"| row | lr | validation {metric} | |", "|---|---|---|---|"]
     for t in res["sweep"]:
-        f = f"{t['perplexity']:.2f}" if t["perplexity"] is not None else common.why(t["error"])
+        f = f"{t[metric]:.{nd}f}" if t[metric] is not None else common.why(t["error"])
         L.append(f"| {t['row']} | {t['lr']:g} | {f} | {'chosen' + (' (at the sweep edge)' if t['edge'] else '') if t['chosen'] else ''} |")
-    L += ["", "## Test perplexity (36 held-out blocks, the last 10% of each novel)\n",
-          "| row | lr | perplexity (mean ± sd) | seeds | round 0 | up B / client / round | x fewer than FedAvg |", "|---|---|---|---|---|---|---|"]
+    L += ["", f"## Test {metric} ({TEST[task].format(**res['setting']['task_options'])})\n",
+          f"| row | lr | {metric} (mean ± sd) | seeds | round 0 | up B / client / round | x fewer than FedAvg |", "|---|---|---|---|---|---|---|"]
     fa = res["rows"].get("fedavg", {}).get("up")
     for key, label, *_ in ROWS:
         r = res["rows"].get(key)
-        if not r or not r["finals"]:
-            L.append(f"| {label} | | {common.why(r['errors'][0] if r and r['errors'] else 'not run')} | | | | |")
+        if r is None:
+            continue
+        if not r["finals"]:
+            L.append(f"| {label} | | {common.why(r['errors'][0] if r['errors'] else 'not run')} | | | | |")
             continue
         x = f"{fa / r['up']:,.0f}x" if fa else "-"
-        L.append(f"| {label} | {r['lr']:g} | {common.marked(common.pm(r['finals'], 2), r['provenance'])} | "
-                 f"{', '.join(map(str, r['seeds']))} | {np.mean(r['initials']):.2f} | {r['up']:,} | {x} |")
+        L.append(f"| {label} | {r['lr']:g} | {common.marked(common.pm(r['finals'], nd), r['provenance'])} | "
+                 f"{', '.join(map(str, r['seeds']))} | {np.mean(r['initials']):.{nd}f} | {r['up']:,} | {x} |")
     L += ["", "## Claims (3 seeds; met only where the seeds' ranges separate)\n", "| claim | verdict |", "|---|---|"]
     L += [f"| {k} | {v} |" for k, v in res["claims"]]
-    L += ["", f"![perplexity by round and against the uplink]({res['name']}.png)"]
+    L += ["", f"![{metric} by round and against the uplink]({res['name']}.png)"]
     return "\n".join(L) + "\n"
 
 
@@ -128,15 +153,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--task", default="austen", choices=list(BASE))
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
-    seeds = [int(s) for s in a.seeds.split(",")]
-    cal = common.placed(configs(a.quick, None, seeds))
-    lrs, sweep = choose(cal, common.reuse_or_run(cal, a.workers, a.from_runs))
-    grid = common.placed(configs(a.quick, lrs, seeds))
+    seeds, task = [int(s) for s in a.seeds.split(",")], a.task
+    cal = common.placed(configs(a.quick, None, seeds, task))
+    lrs, sweep = choose(cal, common.reuse_or_run(cal, a.workers, a.from_runs), task)
+    grid = common.placed(configs(a.quick, lrs, seeds, task))
     rows = {key: {"finals": [], "initials": [], "seeds": [], "provenance": [], "errors": [], "lr": lrs[key]}
-            for key, *_ in ROWS}
+            for key, *_ in ROWS if key in SWEEP[task]}
     for (label, c), s in zip(grid, common.reuse_or_run(grid, a.workers, a.from_runs)):
         r = rows[label.split(" ")[0]]
         if not common.add_seed(r, c, s):
@@ -145,17 +171,22 @@ def main(argv=None) -> None:
         r["latent"] = (s.get("method_info") or {}).get("latent")         # FLITE's latents (None for FedAvg)
         r.setdefault("curves", []).append([[h["round"], h[s["metric"]]] for h in s["history"]])
     res = {"meta": meta("python benchmarks/flite_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)),
-           "name": "flite_lm" + ("_quick" if a.quick else ""),
-           "setting": {k: v for k, v in grid_base(a.quick).items() if k not in ("progress", "lr")}, "validation_data": validation_corpus(),
-           "sweep": sweep, "lrs": lrs, "rows": rows}
-    res["claims"] = claims(rows)
+           "name": "flite_lm" + ("" if task == "austen" else f"_{task}") + ("_quick" if a.quick else ""),
+           "setting": {k: v for k, v in grid_base(a.quick, task).items() if k not in ("progress", "lr")},
+           "validation_data": validation_corpus() if task == "austen" else "task option validation: tweets outside the "
+           "train and test rows", "sweep": sweep, "lrs": lrs, "rows": rows}
+    if task != "austen":            # the austen results name no task (they came first)
+        res["task"] = task
+    res["claims"] = claims(rows, task)
     name = res["name"]
     plot(res, name)
     print(write(name, res, render(res)))
 
 
 def plot(res: dict, name: str) -> None:
-    """Test perplexity by round (mean, band: min..max over seeds) and the final one against the uplink bytes."""
+    """The test metric by round (mean, band: min..max over seeds) and the final one against the uplink bytes."""
+    task = res.get("task", "austen")
+    metric = METRIC[task]
     plt = common.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for key, label, *_ in ROWS:
@@ -168,8 +199,8 @@ def plot(res: dict, name: str) -> None:
         a.fill_between(x, y.min(0), y.max(0), color=line.get_color(), alpha=0.2)
         b.errorbar(r["up"], np.mean(r["finals"]), yerr=[[np.mean(r["finals"]) - min(r["finals"])],
                    [max(r["finals"]) - np.mean(r["finals"])]], fmt="o", color=line.get_color(), capsize=3)
-    a.set(xlabel="round", ylabel="test perplexity", title="Austen, SmolLM2-135M")
-    b.set(xscale="log", xlabel="uplink bytes per client per round (log)", ylabel="final test perplexity (bars: min..max)")
+    a.set(xlabel="round", ylabel=f"test {metric}", title=f"{task}, SmolLM2-135M")
+    b.set(xscale="log", xlabel="uplink bytes per client per round (log)", ylabel=f"final test {metric} (bars: min..max)")
     a.legend(fontsize=7)
     for ax in (a, b):
         ax.grid(alpha=0.3)

@@ -627,6 +627,8 @@ def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it
         (Path(f) / "bench.json").write_text(json.dumps(bench))
         stale = {**again, "bench": bench}
         assert not common.provenance(stale)["at_hand"] and common.marked("0.5", [prov, common.provenance(stale)]) == "0.5†"
+        (shown,) = common.reuse_or_run([("row", c)], workers=1, from_runs=True)     # reported as it is, marked, not run
+        assert len(runs) == 1 and shown["final"] == s["final"] and not common.provenance(shown)["at_hand"]
         common.reuse_or_run([("row", c)], workers=1)
         assert len(runs) == 2                                                  # that run's code changed: made afresh
         other = {**c, "lr": 2e-2}                 # only=: the rows this command may run; the others come from the store
@@ -791,10 +793,14 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
         assert text.startswith(v) and len(v) == int(len(text) * L.CUT) and L.CUT <= 0.9 * 0.98   # clear of the test's 10%
     for quick in (False, True):
         cal = L.configs(quick, None, [0])
-        assert len(cal) == sum(map(len, L.SWEEP.values())) and all(c["task_options"]["data"] == str(d) for _, c in cal)
-        grid = L.configs(quick, {k: 1e-3 for k in L.SWEEP}, [0, 1, 2])
+        assert len(cal) == sum(map(len, L.SWEEP["austen"].values())) and all(c["task_options"]["data"] == str(d) for _, c in cal)
+        grid = L.configs(quick, {k: 1e-3 for k in L.SWEEP["austen"]}, [0, 1, 2])
         assert len(grid) == 3 * len(L.ROWS) and not any("data" in c["task_options"] for _, c in grid)
-        for _, c in cal + grid:
+        pcal = L.configs(quick, None, [0], "psentiment")      # psentiment: tweets outside its train and test rows
+        pgrid = L.configs(quick, {k: 1e-3 for k in L.SWEEP["psentiment"]}, [0, 1, 2], "psentiment")
+        assert len(pcal) == sum(map(len, L.SWEEP["psentiment"].values())) and all(c["task_options"]["validation"] for _, c in pcal)
+        assert len(pgrid) == 3 * len(L.SWEEP["psentiment"]) and not any("validation" in c["task_options"] for _, c in pgrid)
+        for _, c in cal + grid + pcal + pgrid:
             local.check(C.from_dict(c))
     cal = L.configs(False, None, [0])
     ppl = {("fedavg", 5e-5): 40.0, ("flite", 3e-2): 41.0, ("flite_r22g", 1e-1): 39.0}
@@ -803,6 +809,10 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
     lrs, table = L.choose(cal, sums)
     assert lrs == {"fedavg": 5e-5, "flite": 3e-2, "flite_r22g": None}
     assert [t["edge"] for t in table if t["chosen"]] == [False, False]
+    pcal = L.configs(False, None, [0], "psentiment")          # accuracy: the highest validation score wins
+    acc = {("fedavg", 3e-5): 0.80, ("flite", 3e-2): 0.79}
+    lrs, table = L.choose(pcal, [{"final": acc.get((label.split(" ")[0], c["lr"]), 0.7)} for label, c in pcal], "psentiment")
+    assert lrs == {"fedavg": 3e-5, "flite": 3e-2} and [t["edge"] for t in table if t["chosen"]] == [False, True]
 
 
 def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexity():
@@ -816,3 +826,8 @@ def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexi
     assert b.startswith("missed") and "under 8,000x" in b
     rows["flite"]["finals"] = [46.0, 46.1, 46.2]                          # 2% above: separated the wrong way
     assert dict(L.claims(rows))[next(k for k in got if k.startswith(L.ROWS[1][1]))].startswith("missed")
+    acc = {"fedavg": {"finals": [0.80, 0.805, 0.80], "up": 8_000_000}, "flite": {"finals": [0.798, 0.80, 0.80], "up": 900}}
+    (k, v), = L.claims(acc, "psentiment")                # accuracy: within 1 pp, FLITE's range above FedAvg's - 1 pp
+    assert "accuracy within 1 pp" in k and v.startswith("met") and "-0.2 pp" in v
+    acc["flite"]["finals"] = [0.78, 0.785, 0.78]
+    assert dict(L.claims(acc, "psentiment"))[k].startswith("missed")

@@ -86,3 +86,19 @@ def test_shared_prompt_option_scores_equal_the_plain_ones(name, opts):
         shared = option_scores_shared(model, b["input_ids"], b["attention_mask"], b["target_mask"], batch=3)
     assert (plain - option_scores(T.model, b["input_ids"], b["attention_mask"], b["target_mask"])).abs().max() > 1e-2
     assert torch.allclose(shared, plain, atol=1e-4), (shared - plain).abs().max()
+
+
+def test_the_validation_split_keeps_the_train_rows_and_scores_tweets_outside_train_and_test(monkeypatch):
+    """psentiment validation = true: the same train rows, a balanced test drawn from neither the train nor the test
+    rows (settings chosen there never see the test set)."""
+    from lightfed.data import datasets
+    labels = [i % 3 == 0 for i in range(300)]           # 100 positive, 200 negative, every text its own
+    monkeypatch.setattr(datasets, "load_tweets", lambda *a, **k: ([f"tweet number {i}" for i in range(300)], labels))
+    o = {"tiny": True, "train_size": 60, "test_size": 40, "max_len": 16}
+    real, val = tasks.build("psentiment", o, 0), tasks.build("psentiment", {**o, "validation": True}, 0)
+    assert torch.equal(real.train["input_ids"], val.train["input_ids"])
+
+    def rows(d):
+        return {tuple(r.tolist()) for r in d["input_ids"]}
+    assert len(rows(val.test)) == 40 and not rows(val.test) & (rows(real.train) | rows(real.test))
+    assert val.test["labels"].sum() == 20                # balanced

@@ -79,6 +79,12 @@ def vision(d, key, x):
     return f"{x:.3f}" + ("†" if dagger else "")
 
 
+def lm_mean(d, key, nd=2):
+    """A row's mean as printed, with a dagger where a seed behind it was made by other code (its provenance)."""
+    r = d["rows"][key]
+    return f"{mean(r['finals']):.{nd}f}" + ("" if all(p["at_hand"] for p in r["provenance"]) else "†")
+
+
 def vision_mean(d, key):
     return vision(d, key, mean(d["rows"][key]["finals"]))
 
@@ -216,11 +222,11 @@ ROWS = {
     "FLITE on a language model within 1% of FedAvg fp32's perplexity at ≥ 8,000x fewer uplink bytes (Austen, "
     "SmolLM2-135M, IID, 3 seeds, lrs on validation text)": dict(
         json="flite_lm.json",
-        measured=lambda d: [f"{mean(d['rows']['flite_r22g']['finals']):.2f}", f"{mean(d['rows']['fedavg']['finals']):.2f}",
+        measured=lambda d: [lm_mean(d, "flite_r22g"), lm_mean(d, "fedavg"),
                             f"{100 * (mean(d['rows']['flite_r22g']['finals']) / mean(d['rows']['fedavg']['finals']) - 1):+.1f}",
                             f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g']['up']:,.0f}",
                             f"{d['rows']['flite_r22g']['latent']:,}", f"{d['rows']['flite']['latent']:,}",
-                            f"{mean(d['rows']['flite']['finals']):.2f}", f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}"],
+                            lm_mean(d, "flite"), f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}"],
         verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
         claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":

@@ -1,5 +1,6 @@
 """`psentiment`: the tweets prompt-based on SmolLM2: the class is the label word with the higher logit at the
-prompt's last token (zero-shot above chance: round 0)."""
+prompt's last token (zero-shot above chance: round 0). `validation = true` scores on test_size balanced tweets from
+outside the task's train and test rows (the train rows unchanged): settings are chosen there, never on the test set."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from lightfed.config import ConfigError
 from lightfed.models import backbones
 from lightfed.models.lm import label_scores
-from lightfed.tasks.base import Task, accuracy, eval_mode
+from lightfed.tasks.base import Task, accuracy, balanced_pick, eval_mode
 from lightfed.tasks.sentiment import tweet_split
 
 
@@ -25,6 +26,7 @@ class Options:
     template: str = "Tweet: {text}\nSentiment:"
     labels: str = " negative| positive"   # label words in class order, "|"-separated (each scored by its first token)
     data_seed: int = 0
+    validation: bool = False       # test on tweets outside the train and test rows (the train rows are the same)
 
     def check(self):
         if self.train_size < 2 or self.test_size < 2 or self.train_size % 2 or self.test_size % 2:
@@ -41,6 +43,9 @@ def build(o: Options, seed: int) -> Task:
     """The prompt-based setting of the zeroth-order line (MeZO, DeComFL, FedKSeed): the pretrained LM already
     ranks the label words above chance (zero-shot: round 0), fine-tuning moves it from there."""
     texts, labels, train_idx, test_idx = tweet_split(o)
+    if o.validation:                # balanced, disjoint from the train rows and from the test rows it replaces
+        rest = np.setdiff1d(np.arange(len(labels)), np.concatenate([train_idx, test_idx]))
+        test_idx = rest[balanced_pick(labels[rest], o.test_size // 2, np.random.default_rng([o.data_seed, 11]))]
     tok = backbones.smollm2_tokenizer(o.model)
     words = o.labels.split("|")
     label_ids = torch.tensor([tok(w, add_special_tokens=False)["input_ids"][0] for w in words])
