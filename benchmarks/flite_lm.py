@@ -46,6 +46,7 @@ ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"})]
 SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]},
          "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4], "flite": [3e-3, 1e-2, 3e-2]}}
+SWEEP_RUN = {"austen": {}, "psentiment": {"eval_start": False}}    # a sweep run is judged by its last round alone
 CUT = 0.88              # the validation corpus: the first 88% of each novel's characters
 TARGET_X = 8000         # uplink at least this many times below FedAvg's, by len() of the messages
 
@@ -77,8 +78,8 @@ def configs(quick: bool, lrs: dict | None, seeds: list[int], task: str = "austen
         if key not in SWEEP[task]:
             continue
         if lrs is None:
-            g += [(f"{key} lr {lr:g}", {**base, "method": m, "method_options": mo, "lr": lr, "seed": 0, "task_options": to})
-                  for lr in SWEEP[task][key]]
+            g += [(f"{key} lr {lr:g}", {**base, "method": m, "method_options": mo, "lr": lr, "seed": 0, "task_options": to,
+                                        **SWEEP_RUN[task]}) for lr in SWEEP[task][key]]
         elif lrs.get(key) is not None:                           # None: its sweep has not finished
             g += [(f"{key} s{s}", {**base, "method": m, "method_options": mo, "lr": lrs[key], "seed": s}) for s in seeds]
     return g
