@@ -810,9 +810,9 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
     assert lrs == {"fedavg": 5e-5, "flite": 3e-2, "flite_r22g": None}
     assert [t["edge"] for t in table if t["chosen"]] == [False, False]
     pcal = L.configs(False, None, [0], "psentiment")          # accuracy: the highest validation score wins
-    acc = {("fedavg", 3e-5): 0.80, ("flite", 3e-2): 0.79}
+    acc = {("fedavg", 1e-4): 0.80, ("flite", 1e-1): 0.79}
     lrs, table = L.choose(pcal, [{"final": acc.get((label.split(" ")[0], c["lr"]), 0.7)} for label, c in pcal], "psentiment")
-    assert lrs == {"fedavg": 3e-5, "flite": 3e-2} and [t["edge"] for t in table if t["chosen"]] == [False, True]
+    assert lrs == {"fedavg": 1e-4, "flite": 1e-1} and [t["edge"] for t in table if t["chosen"]] == [False, True]
 
 
 def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexity():
