@@ -151,7 +151,7 @@ SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase":
          "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
          "fedavg_probe@dirichlet:0.1": [3e-5, 1e-4, 3e-4], "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4],
-         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0)],
+         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0), (0.3, 1.0)],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
@@ -530,10 +530,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     for part in ("iid", "dirichlet:0.1"):
         pb, r16 = f("flite_r16g_probe", part), f("flite_r16g", part)
         if pb and r16:              # the same map and codec; the head the probe's closed form against a fresh orthogonal one
-            r, fa = rows[f"flite_r16g_probe|{part}"], rows.get(f"fedavg|{part}", {})
+            r, fr = rows[f"flite_r16g_probe|{part}"], rows.get(f"fedavg|{part}", {})
             init = r.get("init") or {}
-            whole = (f"; the whole run's uplink, the probe's included, {fa['up_total'] / (r['up_total'] + init.get('up_total', 0)):,.0f}x "
-                     "below FedAvg's" if fa.get("up_total") and r.get("up_total") else "")
+            whole = (f"; the whole run's uplink, the probe's included, {fr['up_total'] / (r['up_total'] + init.get('up_total', 0)):,.0f}x "
+                     "below FedAvg's" if fr.get("up_total") and r.get("up_total") else "")
             out.append((f"FLITE r = 16 int4g on a probed head above the fresh frozen orthogonal head ({part})", verdict(pb, r16, False)
                         + f" (probed - orthogonal = {gap('flite_r16g_probe', 'flite_r16g', part, part)}; the probe's one "
                         f"round: {init.get('up_total', 0):,} B up over all clients, once; its head alone scores "

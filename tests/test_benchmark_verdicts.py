@@ -342,6 +342,11 @@ def test_flite_vision_judges_the_probed_head_and_charges_the_probes_bytes_to_the
     assert same.startswith("missed") and "FLITE - FedAvg = -4.00 pp" in same and "10x below" in same
     helps = got["the probed head helps FedAvg too: from the probe above from the fresh head (dirichlet:0.1)"]
     assert helps.startswith("missed") and "probed - fresh = -5.00 pp" in helps
+    rows.update({"flite|iid": {"finals": [0.5] * 3, "seeds": [0, 1, 2], "up": 5},     # the full grid: the probe's
+                 "fedavg|iid": {"finals": [0.8] * 3, "seeds": [0, 1, 2], "up": 50},   # reference line names both
+                 "probe|iid": {"finals": [0.6], "seeds": [0], "up": 5}})
+    ref = dict(claims(rows, 10 ** 6))["what the frozen base's features allow (the probe: a closed-form head, no body change; for reference)"]
+    assert ref == "0.6000; FLITE 0.5000, FedAvg fp32 0.8000"
 
 
 def test_flite_vision_sets_the_averaging_cost_of_flite_beside_fedavgs_seed_by_seed():
