@@ -73,9 +73,16 @@ ROWS = [
     ("flite_r20g", "FLITE r = 20 (8,000 latents, int4g), frozen orthogonal head", "flite",
      {**PAPER, "r": 20, "codec": "int4g"}, {}, ["iid"], "claim"),
     # what averaging costs r = 20 is the averaging's in z-space (clients agree on 0.73 of their moves there, FedAvg's
-    # weights on 0.92): a server step that moves server_lr times the clients' mean move (the lr pair: z's, the server's)
+    # weights on 0.92): a server step that moves server_lr times the clients' mean move (the lr pair: z's, the server's;
+    # (0.3, 1) is flite_r20g's lr 0.3 validation run at this code: every client's loss of every round bitwise the same)
     ("flite_r20g_srv", "FLITE r = 20 int4g, the server stepping server_lr x the clients' mean move", "flite",
      {**PAPER, "r": 20, "codec": "int4g"}, {}, ["iid"], "claim"),
+    # Validation refused the server's step (0.80 at server_lr 1, 0.76 at 2, 0.53 at 4; at z's lr 0.1 and server_lr 4:
+    # 0.49): the mean move carries noise that a larger step amplifies. A client's absolute int4g upload rounds z itself
+    # (|z| grows to ~50 while a late round moves it little), so the move arrives as codes of z: the round's move uploaded
+    # instead (lightfed's delta, +7.1 pp on the paper form) keeps its own scale, at the same bytes
+    ("flite_r20g_delta", "FLITE r = 20 int4g, the round's move uploaded (delta)", "flite",
+     {**PAPER, "r": 20, "codec": "int4g", "delta": True}, {}, ["iid"], "claim"),
     ("flite_r32g", "FLITE r = 32 (20,480 latents, int4g), frozen orthogonal head", "flite",
      {**PAPER, "r": 32, "codec": "int4g"}, {}, ["iid"], "claim"),
     # what averaging costs r = 16 (the codec kept): one client, all images, the federated run's 1,000 client steps
@@ -111,7 +118,8 @@ ROWS = [
 ROW_RUN = {k: {"clients": 1, "fraction": 1.0, "local_steps": 50} for k in ("flite_central", "flite_r16g_central", "fedavg_central")}
 ONCE = {"rounds": 1, "fraction": 1.0, "eval_every": 1, "lr_decay": "none"}   # the probe: one round of every client's statistics
 LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite_central": "flite", "flite_head": "flite_head", "flite_scratch": "flite", "flite_obase": "flite_obase",
-         "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r20g_srv": "flite_r20g_srv", "flite_r32g": "flite_r32g",
+         "flite_r16g": "flite_r16g", "flite_r16g_central": "flite_r16g", "flite_r20g": "flite_r20g", "flite_r20g_srv": "flite_r20g_srv",
+         "flite_r20g_delta": "flite_r20g_delta", "flite_r32g": "flite_r32g",
          "flite_r16g_probe": "flite_r16g_probe",
          "flite_wscale": "flite_wscale",
          "fedavg": "fedavg", "fedavg_probe": "fedavg_probe", "fedavg_central": "fedavg_central",
@@ -151,7 +159,7 @@ SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase":
          "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
          "fedavg_probe@dirichlet:0.1": [3e-5, 1e-4, 3e-4], "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4],
-         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0), (0.3, 1.0)],
+         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0), (0.3, 1.0)], "flite_r20g_delta": [0.1, 0.3, 1.0],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
@@ -512,12 +520,16 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
             out.append(("averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)",
                         verdict(fc, ac, False) + f" (FLITE's cost {100 * np.mean(fc):+.2f} pp, FedAvg's {100 * np.mean(ac):+.2f} pp; "
                         f"centralised, FLITE - FedAvg = {gap('flite_r16g_central', 'fedavg_central')})"))
-    srv, r20 = f("flite_r20g_srv"), f("flite_r20g")
+    srv, r20, dr = f("flite_r20g_srv"), f("flite_r20g"), f("flite_r20g_delta")
     if srv and r20:                 # the same map, codec and client steps: what the server's step adds
         out.append(("r = 20 int4g: the server's step above the clients' mean", verdict(srv, r20, False)
                     + f" (server step - mean = {gap('flite_r20g_srv', 'flite_r20g')})"))
+    if dr and r20:                  # the same map, bytes and steps: what uploading the move instead of z buys
+        out.append(("r = 20 int4g: the round's move uploaded above z uploaded", verdict(dr, r20, False)
+                    + f" (delta - z = {gap('flite_r20g_delta', 'flite_r20g')})"))
     for key, what in (("flite_obase", "on the head-pretrained base"), ("flite_r16g", "r = 16, int4g"),
                       ("flite_r20g", "r = 20, int4g"), ("flite_r20g_srv", "r = 20, int4g, the server's step"),
+                      ("flite_r20g_delta", "r = 20, int4g, the move uploaded"),
                       ("flite_r32g", "r = 32, int4g"), ("flite_r16g_central", "r = 16, int4g, centralised"),
                       ("flite_r16g_probe", "r = 16, int4g, on a probed head"),
                       ("flite_wscale", "scale = weight")):

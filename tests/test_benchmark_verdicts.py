@@ -83,7 +83,7 @@ def test_every_config_of_flite_vision_validates_and_takes_its_calibrated_lr(quic
     from lightfed import config as C
     from lightfed.engine import local
     from flite_vision import LR_OF, ONCE, PAIRED, PROBED, ROWS, SWEEP, calibration_grid, grid, starts_of
-    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r20g_srv": [0.3, 2.0], "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
+    lrs = {"flite": 0.1, "flite_obase": 1.0, "flite_r16g": 3.0, "flite_r20g": 0.3, "flite_r20g_srv": [0.3, 2.0], "flite_r20g_delta": 0.3, "flite_r32g": 1.0, "flite_r16g_probe": 0.3, "flite_wscale": 0.01, "fedavg": 3e-5, "lora": 3e-4, "flite_head": [1e-2, 1e-3],
            "fedavg@dirichlet:0.1": 1e-5,      # chosen on Dirichlet clients: the grid's Dirichlet cells of FedAvg's kind take it
            "fedavg_probe@dirichlet:0.1": 2e-4,    # a row swept only on Dirichlet clients (it has no IID cell)
            "fedavg_central": 3e-5}                # a central row with its own lr, swept in its own setting
