@@ -254,13 +254,14 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
                  fresh_process: bool = False, only=None, redo=()) -> list[dict]:
     """Runs that finished with the same config and code are reused; from_runs: nothing runs, a run made by other code
     is reported as it is (its provenance marks its figures), the rest are listed as not run; only (a set of labels):
-    only those may run; redo (labels): made again whatever is kept of them.
+    only those may run, the others are reported as from_runs reports them; redo (labels): made again whatever is kept
+    of them.
     runner / fresh_process: as run_grid's."""
     grid = placed(grid)
     done = {label: None if label in redo else finished(label, c) for label, c in grid}
-    for label, _ in grid:
+    for label, c in grid:       # a row this command may not run: as the store holds it, whatever code made it (marked)
         if done[label] is None and only is not None and label not in only:
-            done[label] = {"label": label, "error": "not run: not asked for by this command, and not in the store"}
+            done[label] = finished(label, c, stale=True) or {"label": label, "error": "not run: not asked for by this command, and not in the store"}
     todo = [(label, c) for label, c in grid if done[label] is None]
     if from_runs:
         ran = {label: finished(label, c, stale=True) or {"label": label, "error": "not run: the grid was stopped before it"}

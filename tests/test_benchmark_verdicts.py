@@ -634,6 +634,8 @@ def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it
         assert not common.provenance(stale)["at_hand"] and common.marked("0.5", [prov, common.provenance(stale)]) == "0.5†"
         (shown,) = common.reuse_or_run([("row", c)], workers=1, from_runs=True)     # reported as it is, marked, not run
         assert len(runs) == 1 and shown["final"] == s["final"] and not common.provenance(shown)["at_hand"]
+        (kept,) = common.reuse_or_run([("row", c)], workers=1, only=set())            # not asked for: the same
+        assert len(runs) == 1 and kept["final"] == s["final"] and not common.provenance(kept)["at_hand"]
         common.reuse_or_run([("row", c)], workers=1)
         assert len(runs) == 2                                                  # that run's code changed: made afresh
         other = {**c, "lr": 2e-2}                 # only=: the rows this command may run; the others come from the store
