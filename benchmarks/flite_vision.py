@@ -159,7 +159,7 @@ SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase":
          "flite_wscale": [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0, 10.0], "fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "lora": [3e-4, 1e-3, 3e-3],
          "flite_r16g@dirichlet:0.1": [3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "fedavg@dirichlet:0.1": [1e-5, 3e-5, 1e-4, 3e-4],
          "fedavg_probe@dirichlet:0.1": [3e-5, 1e-4, 3e-4], "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4],
-         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0), (0.3, 1.0)], "flite_r20g_delta": [0.1, 0.3, 1.0],
+         "flite_r20g_srv": [(0.3, 2.0), (0.3, 4.0), (0.1, 4.0), (0.3, 1.0), (0.3, 0.5)], "flite_r20g_delta": [0.1, 0.3, 1.0],
          "flite_head": [(3e-1, 1e-3), (1e-1, 1e-3), (1.0, 1e-3), (3e-1, 3e-3), (3e-1, 3e-4), (3e-1, 1e-4), (1e-1, 3e-4)]}
 CALIB = {"rounds": 20, "eval_every": 20, "task_options": {**TASK, "validation": True, "test_size": 300}}
 CHANCE = 0.1
