@@ -188,18 +188,18 @@ ROWS = {
         measured=lambda d: [vision_mean(d, k) for k in ("flite_obase|iid", "flite|iid", "fedavg|iid")],
         verdict=lambda d: vision_claim(d, "the frozen orthogonal head's geometry serves FLITE")[1],
         claim=lambda d: f"{len(d['rows']['flite_obase|iid']['seeds'])}"),
-    "FLITE with rank 20 and int4 per-group scales (8,000 latents, frozen orthogonal head; at least 8,000x below FedAvg's "
-    "uplink) within 1 pp of FedAvg fp32 (Fashion-MNIST, GN ResNet-18, IID, 3 seeds)": dict(
-        json="flite_vision_rank.json",
-        measured=lambda d: [vision_mean(d, "flite_r20g|iid"), vision_mean(d, "fedavg|iid"),
-                            f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite_r20g|iid']['up']:,.0f}",
-                            f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r16g_central')[3]['r']}",
-                            vision_mean(d, "flite_r16g_central|iid"), vision_mean(d, "flite_r16g|iid"),
-                            vision_mean(d, "fedavg_central|iid"), vision_mean(d, "fedavg|iid")],
-        verdict=lambda d: vision_claim(d, "FLITE r = 20, int4g within 1 pp of FedAvg fp32 (iid)")[1],
-        claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r20g')[3]['r']} "
-                        f"{d['rows']['flite_r20g|iid']['method_info']['latent']:,} 8,000 1 "
-                        f"{len(d['rows']['flite_r20g|iid']['seeds'])}"),
+    "FLITE with rank 20, int4 per-group scales and the round's move uploaded (8,000 latents, frozen orthogonal head; at "
+    "least 8,000x below FedAvg's uplink) within 1 pp of FedAvg fp32 (Fashion-MNIST, GN ResNet-18, IID, 3 seeds)": dict(
+        json="flite_vision_delta.json",
+        measured=lambda d: [vision_mean(d, "flite_r20g_delta|iid"), vision_mean(d, "fedavg|iid"),
+                            *[f"{x:.3f}" for x in d["rows"]["flite_r20g_delta|iid"]["finals"]],
+                            f"{d['rows']['fedavg|iid']['up'] / d['rows']['flite_r20g_delta|iid']['up']:,.0f}",
+                            vision_mean(d, "flite_r20g|iid"),
+                            vision_claim(d, "r = 20 int4g: the round's move uploaded above z uploaded")[1].split("= ")[1].split(" pp")[0]],
+        verdict=lambda d: vision_claim(d, "FLITE r = 20, int4g, the move uploaded within 1 pp of FedAvg fp32 (iid)")[1].split(" (")[0],
+        claim=lambda d: f"{only(r for r in d['config']['rows'] if r[0] == 'flite_r20g_delta')[3]['r']} "
+                        f"{d['rows']['flite_r20g_delta|iid']['method_info']['latent']:,} 8,000 1 "
+                        f"{len(d['rows']['flite_r20g_delta|iid']['seeds'])}"),
     "FLITE with rank 16 (5,120 latents) no worse than FedAvg fp32 - 1 pp under Dirichlet(0.1) (3 seeds, each lr chosen "
     "on Dirichlet validation)": dict(
         json="flite_vision_rank.json",
