@@ -43,9 +43,11 @@ TEST = {"austen": "{test_blocks} held-out blocks, the last 10% of each novel", "
 # steps, broke 1,000 sequential ones, flite_vision.py's fedavg_central; such a row needs its own sweep.)
 ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}),
-        ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"})]
+        ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"}),
+        # the round's move uploaded instead of z (the same bytes): +2.5 pp in vision (flite_vision_delta.md)
+        ("flite_delta", "FLITE r = 20, int4, the round's move uploaded (delta)", "flite", {"delta": True})]
 SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]},
-         "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1]}}   # centred on austen's choices;
+         "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1], "flite_delta": [1e-2, 3e-2, 1e-1]}}   # centred on austen's choices;
 # psentiment's FedAvg chose 3e-5 at its lower edge (0.818 vs 0.812 at 1e-4 on 500 validation tweets): 1e-5 added
 SWEEP_RUN = {"austen": {}, "psentiment": {"eval_start": False}}    # a sweep run is judged by its last round alone
 CUT = 0.88              # the validation corpus: the first 88% of each novel's characters
