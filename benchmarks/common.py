@@ -56,29 +56,30 @@ def _run_one(args):
     label, cfg_dict = args
     import torch
     torch.set_num_threads(1)
-    from lightfed import config as C
+    from lightfed import config as C, provenance
     from lightfed.engine import local
+    from lightfed.engine.lock import hold
 
     cfg = C.from_dict(cfg_dict)
     t = time.time()
     out = Path(cfg_dict["out"])
-    resume = resumable(cfg_dict)
-    print(f"[bench] {'resume' if resume else 'start'} {label}", file=sys.stderr, flush=True)
-    from lightfed import provenance
     used = None                      # a resumed run: its first rounds ran untraced (the whole-source hash decides)
     try:
-        if resume:
-            s = local.run(resume=out, log=lambda *a: None)
-        else:
-            mark_start(cfg_dict)
-            with provenance.Trace() as tr:
-                s = local.run(cfg, log=lambda *a: None)
-            used = tr.fingerprint()
+        with hold(out):              # a process still running in the folder (a killed benchmark's worker) refuses this one
+            resume = resumable(cfg_dict)
+            print(f"[bench] {'resume' if resume else 'start'} {label}", file=sys.stderr, flush=True)
+            if resume:
+                s = local.run(resume=out, log=lambda *a: None)
+            else:
+                mark_start(cfg_dict)
+                with provenance.Trace() as tr:
+                    s = local.run(cfg, log=lambda *a: None)
+                used = tr.fingerprint()
+            s["bench"] = record(cfg_dict, used)
     except Exception as e:  # a failed run is reported, not hidden
         print(f"[bench] FAILED {label}: {e!r}", file=sys.stderr, flush=True)
         return {"label": label, "error": repr(e), "config": cfg_dict}
     s["label"] = label
-    s["bench"] = record(cfg_dict, used)
     print(f"[bench] done {label}: {s['metric']} {'-' if s['initial'] is None else format(s['initial'], '.4f')} -> {s['final']:.4f} in {time.time() - t:.0f} s",
           file=sys.stderr, flush=True)
     return s

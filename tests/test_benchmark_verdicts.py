@@ -240,6 +240,35 @@ def test_an_interrupted_benchmark_run_resumes_only_with_its_own_config_and_code(
     assert not common.resumable(other)
 
 
+def test_a_benchmark_run_is_refused_while_another_process_runs_in_its_folder(tmp_path, capsys):
+    """A killed benchmark's pool worker that goes on with its run holds the run's folder: the restarted benchmark's
+    run there fails, named, and leaves the checkpoint alone (it had resumed beside the worker, and the run's last
+    round was recorded twice); once the holder is gone it resumes."""
+    import subprocess
+    import common
+    from conftest import tiny_config
+    from lightfed import config as C
+    from lightfed.engine import local
+    c = tiny_config("sentiment", "fedavg", tmp_path / "run", rounds=3).to_dict()
+    common.mark_start(c)
+    local.run(C.from_dict(c), stop_after=1, log=lambda *a: None)
+    kept = (tmp_path / "run" / "ckpt" / "latest.json").read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from lightfed.engine.lock import hold\n"
+                               "with hold(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)", c["out"]],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        s = common._run_one(("run", c))
+        assert f"process {holder.pid} is running in this folder" in s["error"]
+        assert "[bench] FAILED run" in capsys.readouterr().err
+        assert (tmp_path / "run" / "ckpt" / "latest.json").read_bytes() == kept
+    finally:
+        holder.kill()
+        holder.wait()
+    s = common._run_one(("run", c))
+    assert "error" not in s and [h["round"] for h in s["history"]] == [0, 1, 2, 3]
+
+
 def test_flite_claims_over_one_task_runs_that_tasks_grid_and_reports_every_task(tmp_path):
     """--tasks fmnist may run fmnist's runs only (and the Pareto's with --baselines); the file's grid holds every
     task's, each in the store by its config, reported from the store or as not run (no file merged by hand)."""

@@ -124,8 +124,9 @@ def test_a_kill_between_the_checkpoint_and_the_metrics_line_loses_no_round(tmp_p
     assert resumed["bytes"]["up_total"] == full["bytes"]["up_total"]
 
 
-def test_killed_process_resumes_to_the_same_result(tmp_path):
-    """A real SIGKILL mid-run (whatever it was doing, a checkpoint write included), then --resume."""
+def test_killed_process_resumes_to_the_same_result(tmp_path, capsys):
+    """A real SIGKILL mid-run (whatever it was doing, a checkpoint write included), then --resume. While the run is
+    alive, a second process in its folder (a resume, or a fresh run there) is refused and changes nothing."""
     args = ["--task", "fmnist", "--method", "fedavg", "--clients", "4", "--rounds", "12", "--seed", "1",
             "--set", "local_steps=2", "--set", "batch_size=8", "--set", "lr=1e-3", "--set", "fraction=0.5",
             "--task-opt", "tiny=true", "--task-opt", "train_size=64", "--task-opt", "test_size=32", "--no-progress"]
@@ -141,7 +142,15 @@ def test_killed_process_resumes_to_the_same_result(tmp_path):
         time.sleep(0.05)
     if proc.poll() is not None:
         pytest.fail("the run finished before it could be killed; give it more rounds")
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(signal.SIGSTOP)             # alive, holding its folder: a second process there is refused
+    try:
+        kept = (out / "ckpt" / "latest.json").read_bytes()
+        for second in (["run", "--resume", str(out)], ["run", *args, "--out", str(out)]):
+            assert main(second) == 2
+            assert f"process {proc.pid} is running in this folder" in capsys.readouterr().err
+        assert (out / "ckpt" / "latest.json").read_bytes() == kept      # its checkpoint untouched
+    finally:
+        proc.send_signal(signal.SIGKILL)             # no lock outlives its holder
     proc.wait()
     assert not (out / "summary.json").exists()
     assert main(["run", "--resume", str(out)]) == 0
@@ -149,6 +158,8 @@ def test_killed_process_resumes_to_the_same_result(tmp_path):
     a = json.loads((out / "summary.json").read_text())
     b = json.loads((tmp_path / "clean" / "summary.json").read_text())
     assert a["history"] == b["history"] and a["final"] == b["final"]
+    rounds = [json.loads(l)["round"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == list(range(13))                                   # every round recorded once
     sa, sb = _final_state(out), _final_state(tmp_path / "clean")
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 

@@ -155,14 +155,16 @@ def table(summaries: list[dict]) -> str:
 
 def cmd_run(a) -> int:
     from lightfed.engine import local
+    from lightfed.engine.lock import hold
 
     if a.resume:
         cfg = resume_config(a)
-        if a.engine == "flower-sim":
-            from lightfed.engine import flower_app
-            s = flower_app.run_simulation(cfg, resume=True)
-        else:
-            s = local.run(cfg, resume=a.resume)
+        with hold(a.resume):                 # refused while another process runs in that folder
+            if a.engine == "flower-sim":
+                from lightfed.engine import flower_app
+                s = flower_app.run_simulation(cfg, resume=True)
+            else:
+                s = local.run(cfg, resume=a.resume)
         print(table([s]))
         return 0
     cfgs = build_configs(a)
@@ -174,10 +176,8 @@ def cmd_run(a) -> int:
     for c in cfgs:
         print(f"lightfed: {c.task} / {c.method}: {c.clients} clients, {c.rounds} rounds, partition {c.partition}",
               file=sys.stderr)
-        if a.engine == "flower-sim":
-            summaries.append(flower_app.run_simulation(c))
-        else:
-            summaries.append(local.run(c))
+        with hold(c.out):
+            summaries.append(flower_app.run_simulation(c) if a.engine == "flower-sim" else local.run(c))
         print(f"lightfed: results in {summaries[-1]['out']}", file=sys.stderr)
     print(table(summaries))
     if len({s["metric"] for s in summaries}) == 1:

@@ -54,6 +54,7 @@ from lightfed.engine.flower.config import OUT_KEY, RESUME_KEY, config_from_run_c
 from lightfed.engine.flower.faults import FAULTS_ENV, parse_faults
 from lightfed.engine.flower.processes import flower_environment
 from lightfed.engine.flower.server import serve
+from lightfed.engine.lock import hold
 
 # --- the apps ----------------------------------------------------------------------------------
 def make_apps(cfg: C.RunConfig | None = None, *, faults=None, engine: str = "flower-deployment",
@@ -69,7 +70,8 @@ def make_apps(cfg: C.RunConfig | None = None, *, faults=None, engine: str = "flo
         if cfg is None and str(context.run_config.get(OUT_KEY, "") or ""):
             c.out = str(context.run_config[OUT_KEY])
         again = resume or bool(context.run_config.get(RESUME_KEY, False))
-        summary = serve(grid, c, engine=engine, threads=server_threads, log=log, resume=again, stop_after=stop_after)
+        with hold(c.out):                   # one process at a time in a run folder (held already in simulation)
+            summary = serve(grid, c, engine=engine, threads=server_threads, log=log, resume=again, stop_after=stop_after)
         if result is not None:
             result["summary"] = summary
         if "interrupted_after" in summary:
