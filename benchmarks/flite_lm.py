@@ -12,7 +12,9 @@ blocks; test: 36 blocks from the last 10% of each novel). Validation: the same t
 held-out blocks lie in the 79-88% of each novel: training text of the real task, never its test text.
 psentiment: zoflite_claims.py's prompt setting for first-order methods (10 clients IID, 2 a round, 8 rounds of 5
 local steps of 8 prompts, 1,000 training tweets, 500 test tweets: one is 0.2 pp), scored at round 0 (zero-shot) and
-at the end. Validation: 500 tweets outside the task's train and test rows (the task's `validation` option).
+at the end. Validation: 500 tweets outside the task's train and test rows (the task's `validation` option). Its
+central twins (one client with every tweet, the same 80 steps, fp32 latents, each row its own sweep) say whether a
+shortfall is FLITE's map or the federation's.
 Each row's lr is the best validation score of its sweep; one at a sweep's edge is flagged.
 """
 from __future__ import annotations
@@ -45,9 +47,16 @@ ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}),
         ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"}),
         # the round's move uploaded instead of z (the same bytes): +2.5 pp in vision (flite_vision_delta.md)
-        ("flite_delta", "FLITE r = 20, int4, the round's move uploaded (delta)", "flite", {"delta": True})]
+        ("flite_delta", "FLITE r = 20, int4, the round's move uploaded (delta)", "flite", {"delta": True}),
+        # the central twins (psentiment): one client with every tweet, the same 80 sequential steps, fp32 latents, each
+        # its own sweep: is FLITE's shortfall its map's (central FLITE below central FedAvg) or the federation's?
+        ("fedavg_central", "FedAvg fp32, centralised (1 client, the same 80 steps)", "fedavg", {}),
+        ("flite_central", "FLITE r = 20, fp32 latents, centralised (1 client, the same 80 steps)", "flite", {"codec": "fp32"})]
+CENTRAL = {"clients": 1, "fraction": 1.0, "local_steps": 10}     # 8 rounds x 10 steps = the grid's 8 x 2 clients x 5
+ROW_RUN = {"fedavg_central": CENTRAL, "flite_central": CENTRAL}
 SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1]},
-         "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1], "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1]}}   # centred on austen's choices;
+         "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1], "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1],
+                        "fedavg_central": [1e-5, 3e-5, 1e-4], "flite_central": [3e-3, 1e-2, 3e-2]}}   # centred on austen's choices;
 # psentiment's FedAvg chose 3e-5 at its lower edge (0.818 vs 0.812 at 1e-4 on 500 validation tweets): 1e-5 added;
 # flite_delta chose 0.01 at its lower edge (0.814 vs 0.756 at 0.03): 3e-3 added
 SWEEP_RUN = {"austen": {}, "psentiment": {"eval_start": False}}    # a sweep run is judged by its last round alone
@@ -81,11 +90,13 @@ def configs(quick: bool, lrs: dict | None, seeds: list[int], task: str = "austen
     for key, _, m, mo in ROWS:
         if key not in SWEEP[task]:
             continue
+        run = ROW_RUN.get(key, {})
         if lrs is None:
-            g += [(f"{key} lr {lr:g}", {**base, "method": m, "method_options": mo, "lr": lr, "seed": 0, "task_options": to,
-                                        **SWEEP_RUN[task]}) for lr in SWEEP[task][key]]
+            g += [(f"{key} lr {lr:g}", {**base, **run, "method": m, "method_options": mo, "lr": lr, "seed": 0,
+                                        "task_options": to, **SWEEP_RUN[task]}) for lr in SWEEP[task][key]]
         elif lrs.get(key) is not None:                           # None: its sweep has not finished
-            g += [(f"{key} s{s}", {**base, "method": m, "method_options": mo, "lr": lrs[key], "seed": s}) for s in seeds]
+            g += [(f"{key} s{s}", {**base, **run, "method": m, "method_options": mo, "lr": lrs[key], "seed": s})
+                  for s in seeds]
     return g
 
 
@@ -107,7 +118,7 @@ def claims(rows: dict, task: str = "austen") -> list[tuple[str, str]]:
     out = []
     for key, label, *_ in ROWS[1:]:
         r = rows.get(key)
-        if not (r and fa and r["finals"] and fa["finals"]):
+        if key in ROW_RUN or not (r and fa and r["finals"] and fa["finals"]):
             continue
         x = fa["up"] / r["up"]      # exact (no seeds): under the target, the claim is missed whatever the score
         a, b = np.mean(r["finals"]), np.mean(fa["finals"])
@@ -120,6 +131,15 @@ def claims(rows: dict, task: str = "austen") -> list[tuple[str, str]]:
         out.append((f"{label}: {what} FedAvg fp32's at >= {TARGET_X:,}x fewer uplink bytes",
                     (v if x >= TARGET_X else "missed") + f" ({diff}; uplink {x:,.0f}x below FedAvg's: "
                     f"{'at least' if x >= TARGET_X else 'under'} {TARGET_X:,}x)"))
+    fin = {k: r["finals"] for k, r in rows.items() if r and r["finals"]}
+    for a, b, what in (("flite_central", "fedavg_central", "FLITE's map centrally (fp32 latents) within 1 pp of FedAvg centrally"),
+                       ("flite_central", "flite", "what the federation (averaging + int4 z) costs FLITE: central above federated"),
+                       ("flite_central", "flite_delta", "what the federation (averaging + int4 moves) costs FLITE: central above federated"),
+                       ("fedavg_central", "fedavg", "what averaging costs FedAvg: central above federated")):
+        if a in fin and b in fin and HIGHER[task]:
+            v = (verdict(fin[a], [y - 0.01 for y in fin[b]], False) if "within" in what else verdict(fin[a], fin[b], False))
+            out.append((what, f"{v} (means {np.mean(fin[a]):.4f} vs {np.mean(fin[b]):.4f}, "
+                              f"{100 * (np.mean(fin[a]) - np.mean(fin[b])):+.1f} pp)"))
     return out
 
 

@@ -838,6 +838,10 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
         assert len(pgrid) == 3 * len(L.SWEEP["psentiment"]) and not any("validation" in c["task_options"] for _, c in pgrid)
         for _, c in cal + grid + pcal + pgrid:
             local.check(C.from_dict(c))
+        steps = {label.split(" ")[0]: c["rounds"] * c["local_steps"] * max(1, round(c["clients"] * c["fraction"]))
+                 for label, c in pgrid}
+        central = {label.split(" ")[0] for label, c in pgrid if c["clients"] == 1}
+        assert central == {"fedavg_central", "flite_central"} and len(set(steps.values())) == 1   # the same steps, one model
     cal = L.configs(False, None, [0])
     ppl = {("fedavg", 5e-5): 40.0, ("flite", 3e-2): 41.0, ("flite_r22g", 1e-1): 39.0}
     sums = [{"final": ppl.get((label.split(" ")[0], c["lr"]), 50.0)} for label, c in cal]
@@ -868,3 +872,10 @@ def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexi
     assert "accuracy within 1 pp" in k and v.startswith("met") and "-0.2 pp" in v
     acc["flite"]["finals"] = [0.78, 0.785, 0.78]
     assert dict(L.claims(acc, "psentiment"))[k].startswith("missed")
+    acc |= {"flite_central": {"finals": [0.80, 0.805, 0.80], "up": 337_000},          # the central twins: no 8,000x claim,
+            "fedavg_central": {"finals": [0.83, 0.825, 0.835], "up": 8_000_000}}    # only where the shortfall lies
+    got = dict(L.claims(acc, "psentiment"))
+    assert not any(k.startswith(L.ROWS[i][1]) for k in got for i, r in enumerate(L.ROWS) if r[0] in L.ROW_RUN)
+    assert got["FLITE's map centrally (fp32 latents) within 1 pp of FedAvg centrally"].startswith("missed")
+    assert got["what the federation (averaging + int4 z) costs FLITE: central above federated"].startswith("met")
+    assert got["what averaging costs FedAvg: central above federated"].startswith("met")
