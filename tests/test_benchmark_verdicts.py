@@ -845,10 +845,10 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
     cal = L.configs(False, None, [0])
     ppl = {("fedavg", 5e-5): 40.0, ("flite", 3e-2): 41.0, ("flite_r22g", 1e-1): 39.0}
     sums = [{"final": ppl.get((label.split(" ")[0], c["lr"]), 50.0)} for label, c in cal]
-    sums[-1] = {"error": "not run"}                          # flite_r22g's sweep unfinished: no lr yet
+    sums[-1] = {"error": "not run"}                          # flite_delta's sweep unfinished: no lr yet
     lrs, table = L.choose(cal, sums)
-    assert lrs == {"fedavg": 5e-5, "flite": 3e-2, "flite_r22g": None}
-    assert [t["edge"] for t in table if t["chosen"]] == [False, False]
+    assert lrs == {"fedavg": 5e-5, "flite": 3e-2, "flite_r22g": 1e-1, "flite_delta": None}
+    assert [t["edge"] for t in table if t["chosen"]] == [False, False, True]   # 0.1: the top of r22g's sweep
     pcal = L.configs(False, None, [0], "psentiment")          # accuracy: the highest validation score wins
     acc = {("fedavg", 1e-4): 0.80, ("flite", 1e-1): 0.79}
     lrs, table = L.choose(pcal, [{"final": acc.get((label.split(" ")[0], c["lr"]), 0.7)} for label, c in pcal], "psentiment")
