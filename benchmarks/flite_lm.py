@@ -3,6 +3,7 @@ FedAvg fp32, rank bought with bits at >= 8,000x fewer uplink bytes, every lr cho
 
     python benchmarks/flite_lm.py              # the lr sweeps (validation data, seed 0), then 3 seeds of every row
     python benchmarks/flite_lm.py --task psentiment    # results/flite_lm_psentiment.*
+    python benchmarks/flite_lm.py --rows flite_delta   # run only these rows; the others as the store holds them
     python benchmarks/flite_lm.py --from-runs  # run nothing: report what finished
     python benchmarks/flite_lm.py --quick      # the tiny twin (a minute)
 
@@ -180,16 +181,19 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--task", default="austen", choices=list(BASE))
+    ap.add_argument("--rows", default="", help="comma-separated row keys that may run (default: all); the others are "
+                    "reported as the store holds them, whatever code made them (marked)")
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
     seeds, task = [int(s) for s in a.seeds.split(",")], a.task
     cal = common.placed(configs(a.quick, None, seeds, task))
-    lrs, sweep = choose(cal, common.reuse_or_run(cal, a.workers, a.from_runs), task)
+    mine = (lambda g: {label for label, _ in g if label.split(" ")[0] in a.rows.split(",")}) if a.rows else (lambda g: None)
+    lrs, sweep = choose(cal, common.reuse_or_run(cal, a.workers, a.from_runs, only=mine(cal)), task)
     grid = common.placed(configs(a.quick, lrs, seeds, task))
     rows = {key: {"finals": [], "initials": [], "seeds": [], "provenance": [], "errors": [], "lr": lrs[key]}
             for key, *_ in ROWS if key in SWEEP[task]}
-    for (label, c), s in zip(grid, common.reuse_or_run(grid, a.workers, a.from_runs)):
+    for (label, c), s in zip(grid, common.reuse_or_run(grid, a.workers, a.from_runs, only=mine(grid))):
         r = rows[label.split(" ")[0]]
         if not common.add_seed(r, c, s):
             continue

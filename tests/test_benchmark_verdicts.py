@@ -856,6 +856,25 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
     assert [t["edge"] for t in table if t["chosen"] and t["row"] in ("fedavg", "flite")] == [False, True]
 
 
+def test_flite_lm_rows_runs_only_the_rows_asked_for(tmp_path, monkeypatch):
+    """--rows flite_delta: the sweep's and the grid's runs of that row may run; every other row is reported as the
+    store holds it (reuse_or_run's `only`)."""
+    import common
+    import flite_lm as L
+    asked = []
+    def fake(grid, workers, from_runs=False, only=None, **k):
+        asked.append((len(grid), only))
+        return [{"label": label, "error": "not run"} for label, _ in grid]
+    monkeypatch.setattr(common, "reuse_or_run", fake)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    L.main(["--task", "psentiment", "--rows", "flite_delta"])
+    (n, only), (m, _) = asked                # no lr chosen: the grid has no run to ask for
+    assert m == 0
+    assert n == sum(map(len, L.SWEEP["psentiment"].values()))
+    assert only == {f"flite_delta lr {lr:g}" for lr in L.SWEEP["psentiment"]["flite_delta"]}
+    assert (tmp_path / "flite_lm_psentiment.md").exists()
+
+
 def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexity():
     import flite_lm as L
     rows = {"fedavg": {"finals": [45.0, 45.1, 45.2], "up": 8_000_000},
