@@ -173,7 +173,7 @@ def part_ce(size: dict, seeds, workers) -> dict:
     g, sums = grid(size, "austen", to, 6, seeds, [m for m in METHODS if m[0] in CE_METHODS], "austen", workers)
     setting = {"window": WINDOW, "bucket": size["ce_bucket"], "tokens": size["ce_tokens"], "train_block_len": to["block_len"]}
     ids = R.heldout_austen_ids(size["ce_tokens"])
-    curves = {"frozen backbone": R.cached(R.RUNS / "backbone-austen-ce.json", {**setting, "code": common.code()},
+    curves = {"frozen backbone": R.cached(R.RUNS / "backbone-austen-ce.json", {**setting, "backbone": R.backbone_key()},
                                           lambda: ce_curve(backbones.smollm2(False, 0).eval(), ids, size["ce_bucket"]))}
     runs = {}
     for (label, c), s in zip(g, sums):
@@ -268,7 +268,7 @@ def part_trivia(size, seeds, workers) -> dict:
                      "errors": [s["error"] for s in ss if "error" in s]}
     res = {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out, "runs": runs}
     if not size.get("trivia_run", {}).get("eval_start", True):
-        res["backbone"] = R.cached(R.RUNS / "backbone-trivia.json", {"task": size["trivia"], "code": common.code()},
+        res["backbone"] = R.cached(R.RUNS / "backbone-trivia.json", {"task": size["trivia"], "backbone": R.backbone_key()},
                                    lambda: backbone_trivia(size))
     return res
 

@@ -200,7 +200,7 @@ def part_recipe(size_name: str, workers: int, labels: set[str] | None = None, fr
                      "lr": c["lr"], "lr_decay": c["lr_decay"],
                      "s_per_step": s["time"]["client_compute"] / steps if steps else None, "cells": cells,
                      "outside_question_chunk": float(np.mean(out_q)), "initial": s["initial"], "final": s["final"],
-                     "train_loss": loss})
+                     "train_loss": loss, "provenance": [common.provenance(s)]})
     return {"rows": rows, "costs": None if from_runs else step_costs(size), "setting": {"size": size_name, **size["recipe"], "task": size["recipe_task"]}}
 
 
@@ -236,6 +236,8 @@ def add_run(rows: dict, name: str, c: dict, s: dict, cells) -> dict | None:
         return None
     r["seeds"].append(c["seed"])
     r["cells"].append(cells(s))
+    if "bench" in s:                    # who made it (a run of other code marks the row's figures)
+        r.setdefault("provenance", []).append(common.provenance(s))
     return r
 
 
@@ -250,9 +252,22 @@ def evaluator() -> str:
                      template_cells, evaluate_model, heldout_austen_ids, ce_curve)
 
 
+# --from-runs evaluates again nothing that is kept: an evaluation kept by other code (another evaluator, or a backbone
+# loaded by other code) is reported as it is, its figures marked (STALE names it); only one never made is computed.
+# Set by the parts' from_runs.
+REPORT_ONLY = False
+STALE: list[str] = []          # the evaluations reported that another evaluator or other code made
+
+
+def backbone_key() -> str:
+    """The code that loads the frozen backbone (an evaluation of it is redone when that or the evaluator changes)."""
+    from lightfed.models import backbones, lm
+    return source_of(backbones, lm)
+
+
 def cached(path: Path, key: dict, fn):
     """fn()'s value, kept in `path` beside what made it (key): an evaluation of a finished run is not redone when the
-    grid is collected again; a different key (task, CE size, the run's code hash) or another evaluator() computes it
+    grid is collected again; a different key (task, CE size, the backbone's code) or another evaluator() computes it
     afresh."""
     return cached_pair((path, None), key, lambda: (fn(),))[0]
 
@@ -263,7 +278,10 @@ def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
     key = {**key, "evaluator": evaluator()}
     want = [p for p in paths if p is not None]
     got = [json.loads(p.read_text()) if p.is_file() else None for p in want]
-    got = [g if g is not None and g.get("key") == key else None for g in got]     # made by something else: missing
+    if REPORT_ONLY:                     # kept by other code: reported as it is (marked)
+        STALE.extend(str(p) for p, g in zip(want, got) if g is not None and g.get("key") != key)
+    else:
+        got = [g if g is not None and g.get("key") == key else None for g in got]     # made by something else: missing
     if any(g is None for g in got):
         for i, (p, x) in enumerate(zip(want, fn())):
             if got[i] is None:
@@ -276,8 +294,27 @@ def cached_pair(paths: tuple[Path, Path | None], key: dict, fn) -> list:
 def evaluated(c: dict, name: str, fn, **key):
     """fn(): an evaluation of the finished store run c, kept in its record (common.derived) beside the evaluator's code
     and `key` (the evaluation's task and size): redone when either changes, read from the record where the run's
-    folder is gone."""
+    folder is gone. REPORT_ONLY: a value kept by other code is reported as it is (named in STALE), not made again."""
+    p = common.record_path(c)
+    d = json.loads(p.read_text()).get("derived", {}).get(name) if REPORT_ONLY and p and p.exists() else None
+    if d is not None:
+        v = _derived(c, name, lambda: None, key)        # None: not the code at hand's (derived keeps no None)
+        if v is None:
+            STALE.append(f"{Path(c['out']).name}: {name}")
+        return d["value"] if v is None else v
+    return _derived(c, name, fn, key)
+
+
+def _derived(c: dict, name: str, fn, key: dict):
+    # this line's text is part of every kept evaluation's code key (common.derived hashes the lambda's source line)
     return common.derived(c, name, lambda c: fn(), key={**key, "evaluator": evaluator()})
+
+
+def marks(row: dict, n_stale: int) -> None:
+    """Mark a row if an evaluation reported for it (those in STALE past its first n_stale) was made by other code: its
+    provenance gets a record that is not at hand, naming them (common.marked then daggers the row's figures)."""
+    if len(STALE) > n_stale:
+        row.setdefault("provenance", []).append({"at_hand": False, "evaluations": STALE[n_stale:]})
 
 
 def evaluate_model(model, task_opts: dict, window: int, reset: bool = False, edit=None) -> dict:
@@ -374,6 +411,8 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
     """methods: the rows this command may run (default: all); the report holds every row of the grid, from the store."""
     import torch
     from lightfed.models import backbones, delta_memory
+    global REPORT_ONLY
+    REPORT_ONLY = from_runs
     torch.set_num_threads(workers)
     size = SIZES[size_name]
     grid = retrieval_grid(size, seeds, recipe, None, baseline_seeds)
@@ -397,6 +436,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if slugs[name] in INTERNALS:
             r.setdefault("internals", []).append(common.derived(c, "internals", lambda c, k=slugs[name]: internals(c, k)))
         if name in CONTROLLED:              # the control: the same trained model, its memory emptied at every chunk
+            n_stale = len(STALE)
             key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]]}
             model = functools.cache(lambda c=c: final_model(c))   # loaded once, only if an evaluation is not kept
             ev = functools.partial(evaluated, c)
@@ -418,6 +458,9 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
             k = c["task_options"]["train_chunks"]     # why its CE trend: the memory never holding more than it trained on
             rows[name].setdefault("ce_bounded", {})[str(c["seed"])] = {"reset_every": k, "curve": ev(
                 "ce-bounded", lambda: ce_curve(model(), size, True, k), **key, reset_every=k)}
+            for row in (rows[name], rr):
+                if row is not None:
+                    marks(row, n_stale)
     by_label = {label: sm for (label, _), sm in zip(grid, sums) if "error" not in sm}
     for label, sm in by_label.items():             # each baseline's distance from FedAvg+LoRA's final adapters
         name, seed = label.rsplit(" s", 1)
@@ -426,10 +469,10 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         if ref is not None and base != "FedAvg+LoRA" and sm["config"]["method"] != "fednl":
             rows[name].setdefault("distance_from_fedavg_lora", []).append(common.derived(
                 sm["bench"]["config"], "distance_from_fedavg_lora", lambda c: adapter_distance(c, ref), key=Path(ref["out"]).name))
-    from lightfed.engine.files import source_hash
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "")
-    key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "code": source_hash()}
+    key = {"task": size["task"], "ce": [size["ce_tokens"], size["ce_bucket"]], "backbone": backbone_key()}
     for name, window in (("backbone, windowed", UNIT), ("backbone, full attention", 0)):
+        n_stale = len(STALE)
         if window:
             ce[name] = [cached(where / "backbone-ce.json", key, lambda: ce_curve(back, size, carry=True))]
         cells = cached(where / f"backbone-{window}.json", key, lambda: evaluate_model(back, size["task"], window))
@@ -437,6 +480,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
                         lambda: evaluate_model(back, size["judge"], window))
         rows[name] = {"seeds": ["-"], "cells": [cells], "judged": {"-": judged}, "errors": [],
                       "note": "no training: one evaluation (seed-free)"}
+        marks(rows[name], n_stale)
     cfg = back.config
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     lengths = [int(x) for x in size["task"]["lengths"].split(",")]
@@ -461,7 +505,8 @@ def markdown_recipe(r: dict) -> list[str]:
          "constant (AdamW; a row's own lr and schedule where its label names them), bf16 forwards, one seed; exact match on validation streams (the training split's haystack and "
          f"passkeys, other draws, {r['setting']['task']['test_per_cell']} a cell) at 4 and 8 chunks. Column 'outside' = "
          "the mean over depths outside the question's chunk, with its 95% Wilson interval from the validation sample "
-         "alone (it says nothing of the spread over seeds).\n",
+         "alone (it says nothing of the spread over seeds). A figure marked † was made by other code than the "
+         "command's (the JSON's provenance says which).\n",
          "| recipe row | outside the question's chunk | 95% interval | cells (chunks/depth: exact match) | s / step |",
          "|---|---|---|---|---|"]
     n_cell = r["setting"]["task"]["test_per_cell"]
@@ -472,7 +517,8 @@ def markdown_recipe(r: dict) -> list[str]:
         cells = ", ".join(f"{k}: {v:.2f}" for k, v in row["cells"].items())
         out = [v for k, v in row["cells"].items() if not k.endswith("/1")]
         lo, hi = wilson(round(sum(out) * n_cell), len(out) * n_cell)
-        L.append(f"| {row['label']} | {row['outside_question_chunk']:.3f} | [{lo:.2f}, {hi:.2f}] | {cells} | {row['s_per_step']:.2f} |")
+        out_mean = common.marked(f"{row['outside_question_chunk']:.3f}", row.get("provenance", []))
+        L.append(f"| {row['label']} | {out_mean} | [{lo:.2f}, {hi:.2f}] | {cells} | {row['s_per_step']:.2f} |")
     if r["costs"]:                          # measured by a command that ran (--from-runs measures nothing)
         L += ["", "Cost of one training step (batch 8 x 256 tokens, memory in 17, 23, 29; median of 3, one thread, side by side):",
               "", "| path | s / step |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["costs"].items()]
@@ -549,7 +595,8 @@ def markdown_retrieval(r: dict) -> list[str]:
          f"{s['local_steps']} local steps of {s['batch']} streams; FedNL's recipe {r['recipe']}; lrs {s['lr']}, lr decay over the rounds "
          f"{s.get('lr_decay', 'none')} (FedNL, constant lr: the first grid, its lr the same in every round). Exact match of "
          "the 7 digits, mean ± sd over seeds, over the depths outside the question's chunk; the last column: the needle in "
-         "the question's own chunk.\n",
+         "the question's own chunk. A figure marked † was made by other code than the command's, or scored by another "
+         "evaluator (the JSON's provenance says which).\n",
          "| row | " + " | ".join(f"{L_} chunks ({int(L_) * UNIT} tok)" for L_ in lens) + " | in the question's chunk | seeds | lr, decay | up B / client / round |",
          "|---|" + "---|" * (len(lens) + 4)]
     for name, row in r["rows"].items():
@@ -558,8 +605,9 @@ def markdown_retrieval(r: dict) -> list[str]:
             continue
         per = [by_length(c) for c in row["cells"]]
         inq = [np.mean([v for k, v in c.items() if k.endswith("/1")]) for c in row["cells"]]
-        L.append(f"| {name} | " + " | ".join(pm([p.get(L_) for p in per]) for L_ in lens)
-                 + f" | {pm(inq)} | {', '.join(map(str, row['seeds']))} | {row.get('lr', '-')} | "
+        prov = row.get("provenance", [])
+        L.append(f"| {name} | " + " | ".join(common.marked(pm([p.get(L_) for p in per]), prov) for L_ in lens)
+                 + f" | {common.marked(pm(inq), prov)} | {', '.join(map(str, row['seeds']))} | {row.get('lr', '-')} | "
                  + (f"{row['up_bytes']:,.0f} |" if row.get("up_bytes") else "- |"))
     base = [(n, row) for n, row in r["rows"].items() if row.get("internals") or row.get("distance_from_fedavg_lora")]
     if base:
@@ -770,8 +818,9 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
     Each: {template: {cell: exact match}} per seed; golds: also the golds found ("gold_cells", kept beside each model;
     from the same forward as exact match where that is not on disk yet, else one more)."""
     import torch
-    from lightfed.engine.files import source_hash
     from lightfed.models import backbones
+    global REPORT_ONLY
+    REPORT_ONLY = from_runs
     torch.set_num_threads(workers)
     size = TEMPLATES_SIZES[size_name]
     grid = templates_grid(size, seeds, recipe)
@@ -784,6 +833,7 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
         if r is None:
             continue
         r.setdefault("up_bytes", s["bytes"]["up_per_client_round"])
+        n_stale = len(STALE)
         if golds:
             r.setdefault("gold_cells", []).append(evaluated(c, "eval-golds", lambda c=c: template_cells(
                 final_model(c), size["task"], c["task_options"]["window"], golds=True), task=size["task"]))
@@ -795,12 +845,17 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
             rr["cells"].append(got[0])
             if golds:
                 rr.setdefault("gold_cells", []).append(got[1])
+            rr.setdefault("provenance", []).append(r["provenance"][-1])
+            marks(rr, n_stale)
+        marks(r, n_stale)
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "") / "templates"
-    key = {"task": size["task"], "code": source_hash()}
+    key = {"task": size["task"], "backbone": backbone_key()}
     for name, window in (("backbone, windowed", TUNIT), ("backbone, full attention", 0)):
+        n_stale = len(STALE)
         got = cached_pair((where / f"backbone-{window}.json", where / f"backbone-golds-{window}.json" if golds else None),
                           key, lambda: template_scores(back, size["task"], window))
         out[name] = {"seeds": ["-"], "cells": [got[0]], "errors": [], "note": "no training: one evaluation (seed-free)"}
+        marks(out[name], n_stale)
         if golds:
             out[name]["gold_cells"] = [got[1]]
     # {row: {template: [per seed: mean exact match over the lengths and depths outside the question's chunk]}}
@@ -821,7 +876,9 @@ def _templates_table(r: dict, ts: list[str], by: str, cells: str) -> list[str]:
             continue
         bt = r[by][name]
         mean = [float(np.mean([bt[t][i] for t in ts if t in bt])) for i in range(len(row[cells]))]
-        L.append(f"| {name} | " + " | ".join(pm(bt.get(t, [])) for t in ts) + f" | {pm(mean)} | "
+        prov = row.get("provenance", [])
+        L.append(f"| {name} | " + " | ".join(common.marked(pm(bt.get(t, [])), prov) for t in ts)
+                 + f" | {common.marked(pm(mean), prov)} | "
                  f"{', '.join(map(str, row['seeds']))} |")
     return L
 

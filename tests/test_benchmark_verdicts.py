@@ -743,6 +743,45 @@ def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_
         torch.set_num_threads(threads)
 
 
+def test_from_runs_reports_an_evaluation_other_code_made_marked_and_makes_again_only_what_was_never_made(tmp_path, monkeypatch):
+    """fednl_retrieval with --from-runs (REPORT_ONLY): an evaluation kept by another evaluator is reported as it is, not
+    made again, and the row it belongs to is marked (its figures get a dagger); a backbone evaluation kept under another
+    key likewise; one never made is computed. Without --from-runs the other evaluator's value is made again."""
+    import common
+    import fednl_retrieval as R
+    import torch
+    threads = torch.get_num_threads()
+    c, _ = tiny_store(tmp_path, monkeypatch, lambda todo: todo)
+    calls = []
+
+    def f(v):
+        return lambda: calls.append(v) or v
+    monkeypatch.setattr(R, "STALE", [])
+    try:
+        (s,) = common.reuse_or_run([("row", c)], workers=1)
+        (_, placed), = common.placed([("row", c)])
+        monkeypatch.setattr(R, "evaluator", lambda: "scorer-1")
+        assert R.evaluated(placed, "score", f(1), task="t") == 1 and calls == [1]
+        monkeypatch.setattr(R, "evaluator", lambda: "scorer-2")            # the scorer changed since
+        monkeypatch.setattr(R, "REPORT_ONLY", True)
+        row = {"provenance": [common.provenance(s)]}
+        assert common.marked("1", row["provenance"]) == "1"
+        assert R.evaluated(placed, "score", f(2), task="t") == 1 and calls == [1]   # reported, not made again
+        assert R.STALE == [f"{Path(placed['out']).name}: score"]
+        R.marks(row, 0)
+        assert common.marked("1", row["provenance"]) == "1†" and row["provenance"][-1]["evaluations"] == R.STALE
+        assert R.evaluated(placed, "never", f(3), task="t") == 3 and calls == [1, 3]  # never made: computed
+        assert R.cached_pair((tmp_path / "b.json", None), {"backbone": "x"}, f((4,))) == [4]
+        monkeypatch.setattr(R, "evaluator", lambda: "scorer-3")
+        assert R.cached_pair((tmp_path / "b.json", tmp_path / "g.json"), {"backbone": "x"}, f((5, 6))) == [4, 6]
+        assert R.STALE[-1] == str(tmp_path / "b.json") and len(R.STALE) == 2
+        monkeypatch.setattr(R, "REPORT_ONLY", False)
+        assert R.evaluated(placed, "score", f(7), task="t") == 7                   # a run that may run: made again
+        assert R.marks(row, len(R.STALE)) is None and len(row["provenance"]) == 2  # nothing new reported: no new mark
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_chained_store_run_starts_from_its_starts_folder_and_a_gone_start_is_made_again_only_when_needed(tmp_path, monkeypatch):
     """common.chained: a grid run naming a start's label in "init" starts from that start's store folder; with both
     folders gone (records only) nothing runs again; a new grid run whose start's checkpoint is gone makes the start
