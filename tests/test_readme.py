@@ -226,7 +226,8 @@ ROWS = {
                             f"{100 * (mean(d['rows']['flite_r22g']['finals']) / mean(d['rows']['fedavg']['finals']) - 1):+.1f}",
                             f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g']['up']:,.0f}",
                             f"{d['rows']['flite_r22g']['latent']:,}", f"{d['rows']['flite']['latent']:,}",
-                            lm_mean(d, "flite"), f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}"],
+                            lm_mean(d, "flite"), f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}",
+                            lm_mean(d, "flite_delta")],
         verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
         claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
