@@ -230,6 +230,15 @@ ROWS = {
                             lm_mean(d, "flite_delta")],
         verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
         claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
+    "FLITE on a language model within 1 pp of FedAvg fp32's accuracy at ≥ 8,000x fewer uplink bytes (psentiment, "
+    "SmolLM2-135M, IID, 3 seeds, lrs on validation tweets)": dict(
+        json="flite_lm_psentiment.json",
+        measured=lambda d: [lm_mean(d, "flite_delta", 3), lm_mean(d, "fedavg", 3),
+                            f"{d['rows']['fedavg']['up'] / d['rows']['flite_delta']['up']:,.0f}", lm_mean(d, "flite", 3),
+                            lm_mean(d, "flite_central", 3), lm_mean(d, "fedavg_central", 3)],
+        verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 20, int4, the round's move")),
+        claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 20, int4, the round's move"))
+        + f" {len(d['rows']['flite_delta']['seeds'])}"),
     "ZO-FLITE (zeroth order in FLITE's latent) learns from the zero-shot start (psentiment, SmolLM2-135M, 3 seeds)":
     dict(
         json="zoflite_prompt.json",
