@@ -845,7 +845,7 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
             rr["cells"].append(got[0])
             if golds:
                 rr.setdefault("gold_cells", []).append(got[1])
-            rr.setdefault("provenance", []).append(r["provenance"][-1])
+            rr.setdefault("provenance", []).extend(r.get("provenance", [])[-1:])   # the same run's
             marks(rr, n_stale)
         marks(r, n_stale)
     back, where = backbones.smollm2(False, 0), RUNS / size.get("runs", "") / "templates"

@@ -19,7 +19,8 @@ try:
 except ImportError:                 # Windows: no flock; the folder is not guarded there
     fcntl = None
 
-_HELD: dict[str, object] = {}       # folders this process holds (a benchmark's store run around `lightfed run`'s)
+_HELD: dict[str, object] = {}       # folders this process holds (`lightfed run` around the Simulation Engine's ServerApp,
+                                    # which runs in a thread of the same process)
 
 
 @contextmanager
