@@ -3,6 +3,7 @@
 # tiny twins on the GPU, zeroth-order replay with the client on the GPU and the server on the CPU, FedNL streaming
 # 16K tokens and tokens/s on SmolLM2-135M's architecture (random weights), CPU vs GPU. Needs no lightfed asset and
 # no network: the GPU machine's own torch (with CUDA), transformers and peft. Writes benchmarks/results/gpu_check.*
+# (`lightfed check`: src/lightfed/devicecheck.py)
 #
 #   bash scripts/gpu_check.sh            # about 5 minutes on one GPU
 #
@@ -20,4 +21,4 @@ PY="${PYTHON:-python3}"
 for m in safetensors tqdm matplotlib numpy; do
     .venv-gpu/bin/python -c "import $m" 2>/dev/null || .venv-gpu/bin/python -m pip install -q --no-deps "$m" || true
 done
-PYTHONUNBUFFERED=1 timeout 900 .venv-gpu/bin/python benchmarks/gpu_check.py --device cuda "$@"
+PYTHONUNBUFFERED=1 timeout 900 .venv-gpu/bin/python -m lightfed.cli check --device cuda --out benchmarks/results "$@"

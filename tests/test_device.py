@@ -159,9 +159,7 @@ def test_a_zeroth_order_run_with_counter_draws_replays_and_learns(tmp_path):
 def test_every_method_runs_a_round_on_the_synthetic_twins_that_need_no_asset(name):
     """The `synthetic` task (random data on the tiny twins, no asset) is what scripts/gpu_check.sh runs on a GPU
     machine that has none of lightfed's assets: every method must run there."""
-    import sys
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "benchmarks"))
-    import gpu_check
+    from lightfed import devicecheck as gpu_check
     for kind in [gpu_check.KIND.get(name, "lm")] + (["image"] if name in gpu_check.CONV else []):
         r = gpu_check._round(name, kind, "cpu")
         assert r["accepted"] == 1 and len(r["up"]) > 0
@@ -237,3 +235,13 @@ def test_a_client_on_a_gpu_receives_and_combines_tensors_on_its_device_only(name
             assert not any(fk.on_device(v) for v in state.values() if torch.is_tensor(v)), "the server's state: CPU"
             assert not any(fk.on_device(v) for s in kept.values() for v in s.values() if torch.is_tensor(v))
     assert len(handed) == 6 and handed == [[]] * 6, f"tensors handed to client_update on the host: {handed}"
+
+
+def test_lightfed_check_runs_its_parts_on_the_cpu_and_writes_its_report(tmp_path):
+    """`lightfed check` (what scripts/gpu_check.sh runs on a GPU machine) as a dry run on the CPU: the zeroth-order
+    replay part, its report written where --out says."""
+    from lightfed import cli
+    assert cli.main(["check", "--device", "cpu", "--parts", "replay", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert len(res["replay"]) == 5 and all(r["ok"] for r in res["replay"]), res["replay"]
+    assert res["methods"] == [] and "## Zeroth order across devices" in (tmp_path / "gpu_check.md").read_text()

@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", help="write a CSV (text, label) there instead of printing labels")
     pr.add_argument("--device", default="cpu")
     sub.add_parser("list", help="tasks and methods with their options")
+    ck = sub.add_parser("check", help="every method, zeroth-order replay, FedNL streaming and speed on a device (no asset)")
+    ck.add_argument("--device", default="cuda")
+    ck.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="FedNL streaming lengths (tokens)")
+    ck.add_argument("--cpu-tokens", type=int, default=256, help="the CPU's batch length in the speed part")
+    ck.add_argument("--parts", default="methods,replay,stream,speed")
+    ck.add_argument("--out", default="gpu_check", help="folder of gpu_check.{json,md}")
     pt = sub.add_parser("pretrain", help="pretrain lightfed's own base for a task (fmnist)")
     pt.add_argument("task", choices=["fmnist"])
     pt.add_argument("--arch", default="resnet18", help="resnet18 (FLITE's paper scale, ~11M weights) | small")
@@ -261,6 +267,11 @@ def main(argv=None) -> int:
             return cmd_run(a)
         if a.cmd == "list":
             return cmd_list()
+        if a.cmd == "check":
+            from lightfed import devicecheck
+            print(devicecheck.run(a.device, [int(x) for x in a.lengths.split(",")], a.cpu_tokens, a.parts.split(","),
+                                  a.out, "lightfed " + " ".join(sys.argv[1:] if argv is None else argv)))
+            return 0
         if a.cmd == "export":
             from lightfed.export import export
             sets = dict(C.parse_assignment(x) for x in a.set)

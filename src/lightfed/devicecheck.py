@@ -1,9 +1,10 @@
-"""The GPU check (issue 23): what a person with a CUDA GPU for a few minutes runs, needing no lightfed asset.
+"""lightfed's device check: what a person with a CUDA GPU for a few minutes runs, needing no lightfed asset.
 
-    bash scripts/gpu_check.sh                      # on the GPU machine (sets up a venv on its own torch, then this)
-    python benchmarks/gpu_check.py --device cpu    # a dry run here: every part on the CPU, at small sizes
+    lightfed check --device cuda --out DIR         # on the GPU machine (scripts/gpu_check.sh sets up a venv on its
+                                                   # own torch, then runs this); DIR/gpu_check.{json,md}
+    lightfed check --device cpu                    # a dry run: every part on the CPU, at small sizes
 
-Parts (each timed; the whole under 8 minutes on one GPU), written to benchmarks/results/gpu_check.{json,md}:
+Parts (each timed; the whole under 8 minutes on one GPU):
 1. methods  every method one round on the synthetic tiny twins (task `synthetic`: random data, no asset) on the
             device, and the same round on the CPU: did it run, and are the messages the CPU's bytes?
 2. replay   zeroth order across devices: a client trains on the device (directions `portable` and `counter`), a
@@ -15,16 +16,14 @@ Parts (each timed; the whole under 8 minutes on one GPU), written to benchmarks/
 """
 from __future__ import annotations
 
-import argparse
 import copy
+import json
+import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from common import meta, write  # noqa: E402
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
@@ -190,27 +189,22 @@ def render(res: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384")
-    ap.add_argument("--cpu-tokens", type=int, default=256)
-    ap.add_argument("--parts", default="methods,replay,stream,speed")
-    ap.add_argument("--name", default="gpu_check")
-    a = ap.parse_args(argv)
+def run(dev: str = "cuda", lengths=(1024, 2048, 4096, 8192, 16384), cpu_tokens: int = 256,
+        parts=("methods", "replay", "stream", "speed"), out: str | Path = "gpu_check", command: str = "") -> Path:
+    """Run the check's parts on `dev`; write out/gpu_check.{json,md}; -> the markdown's path."""
     from lightfed import device
-    device.check(a.device, "fp32")
+    device.check(dev, "fp32")
     t0 = time.time()
-    parts = a.parts.split(",")
-    res = {"meta": meta("python benchmarks/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv)),
-           "device_name": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "CPU (dry run)",
-           "methods": part_methods(a.device) if "methods" in parts else [],
-           "replay": part_replay(a.device) if "replay" in parts else [],
-           "stream": part_stream(a.device, [int(x) for x in a.lengths.split(",")]) if "stream" in parts else [],
-           "speed": part_speed(a.device, a.cpu_tokens) if "speed" in parts else []}
+    res = {"meta": {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+                    "machine": platform.machine(), "python": platform.python_version()},
+           "device_name": torch.cuda.get_device_name(0) if dev.startswith("cuda") else "CPU (dry run)",
+           "methods": part_methods(dev) if "methods" in parts else [],
+           "replay": part_replay(dev) if "replay" in parts else [],
+           "stream": part_stream(dev, list(lengths)) if "stream" in parts else [],
+           "speed": part_speed(dev, cpu_tokens) if "speed" in parts else []}
     res["seconds"] = time.time() - t0
-    print(write(a.name, res, render(res)))
-
-
-if __name__ == "__main__":
-    main()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(res, indent=1))
+    (out / "gpu_check.md").write_text(render(res))
+    return out / "gpu_check.md"
