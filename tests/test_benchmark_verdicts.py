@@ -881,13 +881,23 @@ def test_flite_lm_chooses_lrs_on_a_validation_corpus_that_never_holds_the_test_t
                  for label, c in pgrid}
         central = {label.split(" ")[0] for label, c in pgrid if c["clients"] == 1}
         assert central == {"fedavg_central", "flite_central"} and len(set(steps.values())) == 1   # the same steps, one model
+        for label, c in grid if not quick else []:    # austen: a round is 3 clients x one epoch of 20 blocks, batch 4
+            per_client = -(-c["task_options"]["train_blocks"] // 10 // c["batch_size"])
+            want = round(10 * 0.3) * per_client
+            if label.split(" ")[0] in L.ROW_RUN:
+                assert c["clients"] == 1 and c["local_steps"] == want == 15 and c["rounds"] == L.BASE["austen"]["rounds"]
+            else:
+                assert (c["clients"], c["fraction"], c["local_epochs"], c.get("local_steps", 0)) == (10, 0.3, 1.0, 0)
     cal = L.configs(False, None, [0])
     ppl = {("fedavg", 5e-5): 40.0, ("flite", 3e-2): 41.0, ("flite_r22g", 1e-1): 39.0}
     sums = [{"final": ppl.get((label.split(" ")[0], c["lr"]), 50.0)} for label, c in cal]
-    sums[-1] = {"error": "not run"}                          # flite_delta's sweep unfinished: no lr yet
+    sums = [{"error": "not run"} if label.startswith("flite_delta") and c["lr"] == 0.1 else x    # its sweep unfinished:
+            for (label, c), x in zip(cal, sums)]                                               # no lr yet
     lrs, table = L.choose(cal, sums)
-    assert lrs == {"fedavg": 5e-5, "flite": 3e-2, "flite_r22g": 1e-1, "flite_delta": None}
-    assert [t["edge"] for t in table if t["chosen"]] == [False, False, True]   # 0.1: the top of r22g's sweep
+    assert {k: lrs[k] for k in ("fedavg", "flite", "flite_r22g", "flite_delta")} == {
+        "fedavg": 5e-5, "flite": 3e-2, "flite_r22g": 1e-1, "flite_delta": None}
+    chosen = [t["edge"] for t in table if t["chosen"] and t["row"] in ("fedavg", "flite", "flite_r22g")]
+    assert chosen == [False, False, True]   # 0.1: the top of r22g's sweep
     pcal = L.configs(False, None, [0], "psentiment")          # accuracy: the highest validation score wins
     acc = {("fedavg", 1e-4): 0.80, ("flite", 1e-1): 0.79}
     lrs, table = L.choose(pcal, [{"final": acc.get((label.split(" ")[0], c["lr"]), 0.7)} for label, c in pcal], "psentiment")
@@ -937,3 +947,12 @@ def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexi
     assert got["FLITE's map centrally (fp32 latents) within 1 pp of FedAvg centrally"].startswith("missed")
     assert got["what the federation (averaging + int4 z) costs FLITE: central above federated"].startswith("met")
     assert got["what averaging costs FedAvg: central above federated"].startswith("met")
+    ppl = {"fedavg": {"finals": [43.4, 43.6, 43.8], "up": 8_000_000}, "flite": {"finals": [47.0, 47.1, 47.2], "up": 900},
+           "fedavg_central": {"finals": [42.0, 42.1, 42.2], "up": 8_000_000},       # perplexity: lower is better
+           "flite_central": {"finals": [42.2, 42.3, 42.35], "up": 337_000}}
+    got = dict(L.claims(ppl))
+    assert got["FLITE's map centrally (fp32 latents) within 1% of FedAvg centrally"].startswith("met")   # < 42.2 x 1.01
+    assert got["what the federation (averaging + int4 z) costs FLITE: central below federated"].startswith("met")
+    assert got["what averaging costs FedAvg: central below federated"].startswith("met")
+    ppl["flite_central"]["finals"] = [43.0, 43.1, 43.2]                 # 2% above FedAvg's central: the map's shortfall
+    assert dict(L.claims(ppl))["FLITE's map centrally (fp32 latents) within 1% of FedAvg centrally"].startswith("missed")
