@@ -9,7 +9,7 @@ LAYER = {"config": 0, "wire": 0, "assets": 0, "measure": 0, "seeds": 0, "device"
          "methods": 2, "tasks": 2,
          "privacy": 3, "secagg": 3,
          "engine": 4,
-         "cli": 5, "report": 5, "export": 5, "trained": 5}
+         "cli": 5, "report": 5, "export": 5, "trained": 5, "devicecheck": 5}
 
 
 def _imports():
