@@ -141,13 +141,13 @@ def markdown_latent(r: dict) -> list[str]:
     L = ["## FedNL's rules as FLITE latents (issue 48)\n",
          f"Setting: {r['setting']['grid']}; the latent row's options {r['setting']['options']} and lr "
          f"{r['setting']['lr']} chosen on the recipe's validation streams (fednl_recipe.md). Exact match outside the "
-         "question's chunk on the grid's cells (80 streams a length), mean ± sd over seeds (after the bar: each seed's). "
+         "question's chunk on the grid's cells (80 streams a length), mean ± sd over seeds (each seed's in brackets). "
          "A figure marked † was made by other code than this command's (the JSON's provenance says which).\n",
          "| row | " + " | ".join(f"{x} chunks" for x in lens) + " | seeds | trainable | up B / client / round |",
          "|---|" + "---|" * (len(lens) + 3)]
     for name, row in r["rows"].items():
         ret, prov = r["retrieval"].get(name), row.get("provenance", [])
-        cells = [common.marked(pm(ret[x]), prov) + " \\| " + ", ".join(f"{v:.3f}" for v in ret[x]) for x in lens] if ret else ["-"] * len(lens)
+        cells = [common.marked(pm(ret[x]), prov) + f" ({', '.join(f'{v:.3f}' for v in ret[x])})" for x in lens] if ret else ["-"] * len(lens)
         L.append(f"| {name} | " + " | ".join(cells) + f" | {', '.join(map(str, row['seeds'])) or why(row['errors'][0])} | "
                  + f"{row.get('trainable', 0):,} | {row.get('up_bytes') or 0:,.0f} |")
     L += [""] + [f"- {k}: **{v}**" for k, v in r["verdicts"].items()] + [""]

@@ -956,3 +956,34 @@ def test_flite_lm_misses_its_claim_under_the_uplink_target_whatever_the_perplexi
     assert got["what averaging costs FedAvg: central below federated"].startswith("met")
     ppl["flite_central"]["finals"] = [43.0, 43.1, 43.2]                 # 2% above FedAvg's central: the map's shortfall
     assert dict(L.claims(ppl))["FLITE's map centrally (fp32 latents) within 1% of FedAvg centrally"].startswith("missed")
+
+
+def test_fednl_claims_latent_part_judges_the_latent_row_against_fednl_and_marks_figures_made_elsewhere(monkeypatch):
+    """The `latent` part: the grid's latent row (its runs, here faked) against FedNL's row as the file's passkey part
+    holds it; FedNL's figures, kept without provenance (made in another clone), are daggered; the targets: within 2 pp
+    at 4 and 16 chunks (3 seeds each, ranges apart) and the uplink under 8,000 B."""
+    import common
+    import fednl_claims as F
+    import fednl_retrieval as R
+    cells = lambda v: {f"{L}/{d}": v for L in (4, 8, 16, 32) for d in (0, 0.5, 1)}      # noqa: E731
+    monkeypatch.setattr(R, "latent_choice", lambda size: ({"latent_r": 18, "codec": "int4g"}, 0.1))
+
+    def fake(grid, workers, from_runs=False, **k):
+        assert [label for label, _ in grid] == [f"{F.LATENT} s{s}" for s in (0, 1, 2)]
+        assert all(c["method_options"]["latent_r"] == 18 and c["lr"] == 0.1 for _, c in grid)
+        return [{"cells": {"passkey": cells(v)}, "bytes": {"up_per_client_round": 7227.0}, "trainable_params": 11520,
+                 "bench": {"config": c}, "code": "x"} for v, (_, c) in zip((0.5, 0.45, 0.55), grid)]
+    monkeypatch.setattr(common, "reuse_or_run", fake)
+    monkeypatch.setattr(common, "at_hand", lambda s: True)
+    res = {"passkey": {"command": "python benchmarks/fednl_claims.py --parts passkey", "rows": {"FedNL": {
+        "seeds": [0, 1, 2], "cells": [cells(v) for v in (0.93, 0.92, 0.94)], "up_bytes": 466436.0, "trainable": 116220}}}}
+    r = F.part_latent([0, 1, 2], 1, res, False)
+    assert r["retrieval"][F.LATENT]["4"] == [0.5, 0.45, 0.55] and r["uplink_bytes"] == {"FedNL": 466436.0, F.LATENT: 7227.0}
+    v = r["verdicts"]
+    assert v["within 2 pp of FedNL at 4 chunks"] == v["within 2 pp of FedNL at 16 chunks"] == "missed"
+    assert v["uplink under 8,000 B"] == "met"
+    md = "\n".join(F.markdown_latent(r))
+    assert "| FedNL | 0.930 ± 0.010†" in md and f"| {F.LATENT} | 0.500 ± 0.050 (" in md      # only FedNL's marked
+    res["passkey"]["rows"]["FedNL"]["cells"] = [cells(v) for v in (0.51, 0.50, 0.52)]       # FedNL - 2 pp below all
+    r = F.part_latent([0, 1, 2], 1, res, False)
+    assert r["verdicts"]["within 2 pp of FedNL at 4 chunks"].startswith("inconclusive")      # 0.45 < 0.52 - 0.02
