@@ -171,10 +171,15 @@ def add_seed(r: dict, c: dict, s: dict) -> bool:
     return True
 
 
-def marked(text: str, provs: list[dict]) -> str:
+DAGGER = ("A figure marked † was made by other code than the command's, scored by another evaluator, or kept without a "
+          "record of the code that made it (the JSON's provenance says which).")
+
+
+def marked(text: str, provs: list[dict] | None) -> str:
     """A table cell: the figure as it is where every seed behind it was made by the code at hand, else with a dagger
-    (the results file says which code made it)."""
-    return text if all(p["at_hand"] for p in provs) else f"{text}†"
+    (the results file says which code made it); a figure with no provenance at all (kept before it was recorded) is
+    not known to be the code at hand's, so it is marked too."""
+    return text if provs and all(p["at_hand"] for p in provs) else f"{text}†"
 
 
 def source_of(*objs) -> str:

@@ -142,7 +142,7 @@ def markdown_latent(r: dict) -> list[str]:
          f"Setting: {r['setting']['grid']}; the latent row's options {r['setting']['options']} and lr "
          f"{r['setting']['lr']} chosen on the recipe's validation streams (fednl_recipe.md). Exact match outside the "
          "question's chunk on the grid's cells (80 streams a length), mean ± sd over seeds (each seed's in brackets). "
-         "A figure marked † was made by other code than this command's (the JSON's provenance says which).\n",
+         f"{common.DAGGER}\n",
          "| row | " + " | ".join(f"{x} chunks" for x in lens) + " | seeds | trainable | up B / client / round |",
          "|---|" + "---|" * (len(lens) + 3)]
     for name, row in r["rows"].items():
@@ -238,9 +238,19 @@ def part_ce(size: dict, seeds, workers) -> dict:
         runs[label] = {"label": label, "final_perplexity": s.get("final"), "initial": s.get("initial"),
                        "bytes": s.get("bytes"), "lr": (s.get("config") or {}).get("lr") or next(iter((s.get("lr") or {}).values()), None),
                        "lr_decay": c.get("lr_decay", "none"),
-                       **({"error": s["error"]} if "error" in s else {})}
+                       **({"error": s["error"]} if "error" in s else {}),
+                       **({"provenance": common.provenance(s)} if "bench" in s else {})}
     trend = {k: v[-1] / v[0] - 1 for k, v in curves.items()}
-    return {**setting, "curves": curves, "trend_last_vs_first": trend, "runs": list(runs.values())}
+    return {**setting, "curves": curves, "trend_last_vs_first": trend, "runs": list(runs.values()),
+            "backbone_provenance": {"at_hand": True, "backbone": R.backbone_key()}}
+
+
+def ce_provenance(c: dict, curve: str) -> list[dict] | None:
+    """The provenance of one curve of the ce part: its training run's, or the frozen backbone's (None: not recorded)."""
+    if curve == "frozen backbone":
+        return [c["backbone_provenance"]] if "backbone_provenance" in c else None
+    run = next((r for r in c["runs"] if curve == r["label"] or curve.startswith(r["label"] + ",")), {})
+    return [run["provenance"]] if "provenance" in run else None
 
 
 def ms(xs):
@@ -265,6 +275,7 @@ def slim(c: dict, s: dict, ref: dict | None) -> dict:
     slug = "fedprox" if s["method"] == "lora" and opts.get("mu") else s["method"]
     mine = slug in R.INTERNALS
     return {"method": s["method"], "seed": s["config"]["seed"], "code": s.get("code"), "final": s["final"],
+            "provenance": common.provenance(s),
             "initial": s["initial"], "per_domain": s.get("per_domain"), "per_client": s.get("per_client"),
             "up": s["bytes"]["up_per_client_round"],
             "internals": common.derived(c, "internals", lambda c: R.internals(c, slug)) if mine else None,
@@ -317,6 +328,7 @@ def part_trivia(size, seeds, workers) -> dict:
                      "finals": [s["final"] for s in ok], "abs_drop_by_seed": abs_drop, "abs_own_drop_by_seed": own,
                      "personal": ms(personal) if personal else None,
                      "drop": drop, "up_bytes": ok[0]["up"] if ok else None,
+                     "provenance": [s["provenance"] for s in ok] if all("provenance" in s for s in ok) else None,
                      "errors": [s["error"] for s in ss if "error" in s]}
     res = {"task_options": size["trivia"], "run": size.get("trivia_run", {}), "methods": out, "runs": runs}
     if not size.get("trivia_run", {}).get("eval_start", True):
@@ -397,12 +409,19 @@ def markdown(res: dict) -> str:
         fz = c["curves"].get("frozen backbone")
         for k, v in c["curves"].items():
             rel = f"{np.mean([a / b for a, b in zip(v, fz)]):.4f}" if fz else "-"
-            L.append(f"| {k} | {v[0]:.3f} | {v[-1]:.3f} | {c['trend_last_vs_first'][k] * 100:+.2f}% | {rel} |")
+            L.append(f"| {common.marked(k, ce_provenance(c, k))} | {v[0]:.3f} | {v[-1]:.3f} | "
+                     f"{c['trend_last_vs_first'][k] * 100:+.2f}% | {rel} |")
         L += ["", "The text's own difficulty varies along the stream (the frozen backbone's curve); the last column and "
-                  "the plot divide each model's CE by the frozen backbone's at the same position."]
+                  f"the plot divide each model's CE by the frozen backbone's at the same position. {common.DAGGER} "
+                  "A row's name carries the mark for all its figures."]
         g = by_method(c["trend_last_vs_first"])
         L += ["", "| model | trend over seeds (mean ± sd, n) |", "|---|---|"]
-        L += [f"| {k} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |" for k, v in g.items()]
+        provs: dict = {}                        # a model's row: the provenance of every curve behind it (None: unknown)
+        for k in c["curves"]:
+            p, m = ce_provenance(c, k), model_of(k)
+            provs[m] = None if p is None or (m in provs and provs[m] is None) else provs.get(m, []) + p
+        L += [f"| {common.marked(k, provs.get(k))} | {fmt(tuple(x * 100 for x in ms(v)[:2]) + (ms(v)[2],), 2)} % |"
+              for k, v in g.items()]
         mean_rel = by_method({k: float(np.mean([a / b for a, b in zip(v, fz)])) for k, v in c["curves"].items()}) if fz else {}
         for fednl in [k for k in ("FedNL", "FedNL, its own lr") if k in g]:
             lr = {(r["lr"], r.get("lr_decay", "?")) for r in c["runs"] if model_of(r["label"]) == fednl and r.get("lr")}
@@ -422,15 +441,16 @@ def markdown(res: dict) -> str:
         L += ["", f"Training truncated each memory trajectory at a {c['train_block_len']}-token block "
                   f"({c['train_block_len'] // WINDOW} chunks); this stream is {c['tokens'] // WINDOW} chunks long. The grid's "
                   "lr is 1e-3 (chosen for LoRA on Austen's training data); 'FedNL, its own lr' runs the method's recommendation."]
-        L += ["", "Training runs: " + "; ".join(f"{r['label']}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
+        L += ["", "Training runs: " + "; ".join(f"{common.marked(r['label'], [r['provenance']] if 'provenance' in r else None)}: perplexity {fmt(r['initial'], 2)} -> {fmt(r['final_perplexity'], 2)}" for r in c["runs"]), ""]
     if "trivia" in res:
         t = res["trivia"]
         ms_ = t["methods"]
-        L += ["## Trivia by domain: accuracy\n", "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
+        L += ["## Trivia by domain: accuracy\n", f"{common.DAGGER} A row's name carries the mark for all its figures.\n",
+              "| method | round 0 | final | up bytes / client / round |", "|---|---|---|---|"]
         bb = t.get("backbone")     # round 0 scored once: every run starts from the pretrained backbone
         start = f"{bb['accuracy']:.3f} (the backbone, scored once)" if bb else "-"
-        L += [f"| {name} | {fmt(r['initial']) if r['initial'][2] else start} | {fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |"
-              for name, r in ms_.items()]
+        L += [f"| {common.marked(name, r.get('provenance'))} | {fmt(r['initial']) if r['initial'][2] else start} | "
+              f"{fmt(r['mean'])} | {fmt(r['up_bytes'], 0)} |" for name, r in ms_.items()]
         missing = {n: len(r["errors"]) for n, r in ms_.items() if r.get("errors")}
         if missing:
             L += ["", "Runs missing (failed, or not run when the grid was stopped): " + "; ".join(
@@ -448,14 +468,15 @@ def markdown(res: dict) -> str:
               + ".", "", "Accuracy per domain (mean ± sd over seeds):", "", "| method | " + " | ".join(doms) + " |",
               "|---|" + "---|" * len(doms)]
         for name, r in ms_.items():
-            L.append(f"| {name} | " + " | ".join(fmt(r["per_domain"].get(d), 3).split(" (")[0] for d in doms) + " |")
+            L.append(f"| {common.marked(name, r.get('provenance'))} | "
+                     + " | ".join(fmt(r["per_domain"].get(d), 3).split(" (")[0] for d in doms) + " |")
         L += ["", "Aggregation drop per domain (the local-only client on its domain minus the global model on that domain; "
                   "closer to 0 is better; the last column: personalised methods' own per-client models instead):", "",
               "| method | " + " | ".join(doms) + " | mean abs, global (per seed) | mean abs, own model (per seed) |",
               "|---|" + "---|" * (len(doms) + 2)]
         for name, r in ms_.items():
             if r["drop"] and name != "local-only":
-                L.append(f"| {name} | " + " | ".join(fmt(r["drop"].get(d), 3).split(" (")[0] for d in doms)
+                L.append(f"| {common.marked(name, r.get('provenance'))} | " + " | ".join(fmt(r["drop"].get(d), 3).split(" (")[0] for d in doms)
                          + " | " + ", ".join(f"{x:.3f}" for x in r.get("abs_drop_by_seed", []))
                          + " | " + ((", ".join(f"{x:.3f}" for x in r.get("abs_own_drop_by_seed", [])) or "-") if name in own else "-")
                          + " |")

@@ -479,7 +479,7 @@ def part_retrieval(size_name: str, seeds, workers: int, recipe: dict, methods: s
         judged = cached(where / f"backbone-{window}-judge.json", {**key, "task": size["judge"]},
                         lambda: evaluate_model(back, size["judge"], window))
         rows[name] = {"seeds": ["-"], "cells": [cells], "judged": {"-": judged}, "errors": [],
-                      "note": "no training: one evaluation (seed-free)"}
+                      "note": "no training: one evaluation (seed-free)", "provenance": [{"at_hand": True, "evaluator": evaluator(), "backbone": backbone_key()}]}
         marks(rows[name], n_stale)
     cfg = back.config
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
@@ -505,8 +505,7 @@ def markdown_recipe(r: dict) -> list[str]:
          "constant (AdamW; a row's own lr and schedule where its label names them), bf16 forwards, one seed; exact match on validation streams (the training split's haystack and "
          f"passkeys, other draws, {r['setting']['task']['test_per_cell']} a cell) at 4 and 8 chunks. Column 'outside' = "
          "the mean over depths outside the question's chunk, with its 95% Wilson interval from the validation sample "
-         "alone (it says nothing of the spread over seeds). A figure marked † was made by other code than the "
-         "command's (the JSON's provenance says which).\n",
+         f"alone (it says nothing of the spread over seeds). {common.DAGGER}\n",
          "| recipe row | outside the question's chunk | 95% interval | cells (chunks/depth: exact match) | s / step |",
          "|---|---|---|---|---|"]
     n_cell = r["setting"]["task"]["test_per_cell"]
@@ -595,8 +594,7 @@ def markdown_retrieval(r: dict) -> list[str]:
          f"{s['local_steps']} local steps of {s['batch']} streams; FedNL's recipe {r['recipe']}; lrs {s['lr']}, lr decay over the rounds "
          f"{s.get('lr_decay', 'none')} (FedNL, constant lr: the first grid, its lr the same in every round). Exact match of "
          "the 7 digits, mean ± sd over seeds, over the depths outside the question's chunk; the last column: the needle in "
-         "the question's own chunk. A figure marked † was made by other code than the command's, or scored by another "
-         "evaluator (the JSON's provenance says which).\n",
+         f"the question's own chunk. {common.DAGGER}\n",
          "| row | " + " | ".join(f"{L_} chunks ({int(L_) * UNIT} tok)" for L_ in lens) + " | in the question's chunk | seeds | lr, decay | up B / client / round |",
          "|---|" + "---|" * (len(lens) + 4)]
     for name, row in r["rows"].items():
@@ -854,7 +852,8 @@ def part_templates(size_name: str, seeds, workers: int, recipe: dict, rows: set[
         n_stale = len(STALE)
         got = cached_pair((where / f"backbone-{window}.json", where / f"backbone-golds-{window}.json" if golds else None),
                           key, lambda: template_scores(back, size["task"], window))
-        out[name] = {"seeds": ["-"], "cells": [got[0]], "errors": [], "note": "no training: one evaluation (seed-free)"}
+        out[name] = {"seeds": ["-"], "cells": [got[0]], "errors": [], "note": "no training: one evaluation (seed-free)",
+                     "provenance": [{"at_hand": True, "evaluator": evaluator(), "backbone": backbone_key()}]}
         marks(out[name], n_stale)
         if golds:
             out[name]["gold_cells"] = [got[1]]
@@ -892,7 +891,7 @@ def markdown_templates(r: dict) -> list[str]:
          f"{s['per_round']} a round, {s['rounds']} rounds x {s['local_steps']} local steps of {BASE['batch_size']} streams); "
          f"lrs {s['lr']}, lr decay {s['lr_decay']}. Exact match of the answer (teacher forced), mean over the lengths and the "
          f"depths outside the question's chunk, mean ± sd over seeds. '{r['unseen']}' is the template whose client the "
-         "unseen run never trains.\n",
+         f"unseen run never trains. {common.DAGGER}\n",
          *_templates_table(r, ts, "by_template", "cells")]
     if "by_template_golds" in r:
         L += ["", "Golds found (RULER's string-match-all, teacher forced: the fraction of a stream's gold values whose every "

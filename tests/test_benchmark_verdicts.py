@@ -657,6 +657,7 @@ def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it
         prov = common.provenance(again)
         assert prov["at_hand"] and prov["code"] == s["code"] and prov["command"]
         assert common.marked("0.5", [prov]) == "0.5"
+        assert common.marked("0.5", []) == common.marked("0.5", None) == "0.5†"     # no record of its maker: marked
         bench["code_used"]["methods/fedavg.py::FedAvg.client_update"] = "0" * 12   # as if the code had changed since
         (Path(f) / "bench.json").write_text(json.dumps(bench))
         stale = {**again, "bench": bench}
@@ -987,3 +988,24 @@ def test_fednl_claims_latent_part_judges_the_latent_row_against_fednl_and_marks_
     res["passkey"]["rows"]["FedNL"]["cells"] = [cells(v) for v in (0.51, 0.50, 0.52)]       # FedNL - 2 pp below all
     r = F.part_latent([0, 1, 2], 1, res, False)
     assert r["verdicts"]["within 2 pp of FedNL at 4 chunks"].startswith("inconclusive")      # 0.45 < 0.52 - 0.02
+
+
+def test_fednl_results_mark_every_figure_kept_without_a_record_of_its_code(tmp_path):
+    """fednl_claims.json's parts made before per-run provenance: re-rendered, every figure of the passkey, templates and
+    recipe tables carries a dagger and every row of the ce and trivia tables a marked name; a ce row whose run and a
+    backbone whose evaluation this code made are not marked."""
+    import json
+
+    import fednl_claims as F
+    res = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())
+    md = F.markdown(res)
+    retrieval = md.split("## Retrieval")[1].split("\n\n")[2].splitlines()[2:]
+    assert retrieval and all(c.strip().endswith("†") for row in retrieval for c in row.split("|")[2:7])
+    assert "| frozen backbone† |" in md and "| FedAvg+LoRA† |" in md
+    ce = res["ce"]
+    ce["backbone_provenance"] = {"at_hand": True}
+    for r in ce["runs"]:
+        r["provenance"] = {"at_hand": r["label"].startswith("austen FedAvg+LoRA")}
+    md = F.markdown({"meta": res["meta"], "ce": ce})
+    assert "| frozen backbone |" in md and "| austen FedAvg+LoRA s0 |" in md and "| austen FedNL s0† |" in md
+    assert "| FedAvg+LoRA |" in md and "| FedNL, memory reset per chunk† |" in md
