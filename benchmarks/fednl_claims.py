@@ -148,7 +148,8 @@ def markdown_latent(r: dict) -> list[str]:
     for name, row in r["rows"].items():
         ret, prov = r["retrieval"].get(name), row.get("provenance", [])
         cells = [common.marked(pm(ret[x]), prov) + f" ({', '.join(f'{v:.3f}' for v in ret[x])})" for x in lens] if ret else ["-"] * len(lens)
-        L.append(f"| {name} | " + " | ".join(cells) + f" | {', '.join(map(str, row['seeds'])) or why(row['errors'][0])} | "
+        L.append(f"| {name} | " + " | ".join(cells) + f" | {', '.join(map(str, row['seeds']))}"
+                 + (f"; {len(row['errors'])} more {why(row['errors'][0])}" if row.get("errors") else "") + " | "
                  + f"{row.get('trainable', 0):,} | {row.get('up_bytes') or 0:,.0f} |")
     L += [""] + [f"- {k}: **{v}**" for k, v in r["verdicts"].items()] + [""]
     return L
