@@ -405,7 +405,7 @@ def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_a
         return {"method": name, "personalised": personalised, "mean": (0.5, 0.0, 3), "initial": (0.3, 0.0, 3),
                 "finals": [0.5] * 3, "per_domain": {"sports": (0.5, 0.0, 3)}, "drop": {"sports": (0.1, 0.0, 3)},
                 "abs_drop_by_seed": seeds, "abs_own_drop_by_seed": own or [], "personal": (0.6, 0.0, 3) if own else None,
-                "up_bytes": 10, "errors": []}
+                "up_bytes": 10, "errors": [], "provenance": [{"at_hand": True}] * 3}
     size = F.SIZES["cpu"]
     rows = {label: method(m, m in ("fedala", "local_only"), [0.03] * 3 if m in ("fednl", "fedala") else None)
             for label, m, _ in F.METHODS}
@@ -424,6 +424,8 @@ def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_a
     assert "| FedNL | 0.330 (the backbone, scored once) |" in F.markdown(res)
     res["trivia"]["task_options"] = {**size["trivia"], "test_per_domain": 100}
     assert "**Outgrown:**" in F.markdown(res)
+    del rows["FedNL"]["provenance"]                       # kept without a record of its code: its name is marked
+    assert "| FedNL† | 0.330 (the backbone, scored once) |" in F.markdown(res)
 
 
 def test_a_passkey_grid_without_a_fednl_row_renders_and_plots(tmp_path):
