@@ -235,7 +235,7 @@ ROWS = {
                             f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g']['up']:,.0f}",
                             f"{d['rows']['flite_r22g']['latent']:,}", f"{d['rows']['flite']['latent']:,}",
                             lm_mean(d, "flite"), f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}",
-                            lm_mean(d, "flite_delta")],
+                            lm_mean(d, "flite_delta"), lm_mean(d, "flite_central"), lm_mean(d, "fedavg_central")],
         verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
         claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
     "FLITE on a language model within 1 pp of FedAvg fp32's accuracy at ≥ 8,000x fewer uplink bytes (psentiment, "
@@ -243,6 +243,8 @@ ROWS = {
         json="flite_lm_psentiment.json",
         measured=lambda d: [lm_mean(d, "flite_delta", 3), lm_mean(d, "fedavg", 3),
                             f"{d['rows']['fedavg']['up'] / d['rows']['flite_delta']['up']:,.0f}", lm_mean(d, "flite", 3),
+                            f"{d['rows']['flite_r22g_delta']['latent']:,}", lm_mean(d, "flite_r22g_delta", 3),
+                            f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g_delta']['up']:,.0f}",
                             lm_mean(d, "flite_central", 3), lm_mean(d, "fedavg_central", 3)],
         verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 20, int4, the round's move")),
         claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 20, int4, the round's move"))
