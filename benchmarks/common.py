@@ -99,14 +99,14 @@ def run_grid(grid: list[tuple[str, dict]], workers: int = 2, runner=None, fresh_
     runner: a module-level function (label, config) -> summary that writes bench.json (default: a plain run);
     fresh_process: one process per run (a runner that patches classes)."""
     from lightfed import config as C
-    from lightfed.cli import slow_bf16
+    from lightfed.cli import warn_slow_bf16
     from lightfed.engine import local
     runner = runner or _run_one
     if runner is _run_one:
-        for _, c in grid:
-            local.check(C.from_dict(c))
-        for w in {slow_bf16(C.from_dict(c)) for _, c in grid} - {None}:     # runs in bf16 on a slow-bf16 CPU
-            print(w, file=sys.stderr, flush=True)
+        cfgs = [C.from_dict(c) for _, c in grid]
+        for c in cfgs:
+            local.check(c)
+        warn_slow_bf16(cfgs)                  # runs in bf16 on a CPU without native bf16 matmuls
     if workers <= 1 and not fresh_process:
         return [runner(g) for g in grid]
     with mp.get_context("spawn").Pool(workers, maxtasksperchild=1 if fresh_process else None) as pool:

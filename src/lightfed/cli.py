@@ -171,14 +171,19 @@ def slow_bf16(cfg: C.RunConfig) -> str | None:
     return None
 
 
+def warn_slow_bf16(cfgs: list[C.RunConfig]) -> None:
+    """slow_bf16's warning on stderr, once however many of the runs it concerns."""
+    for w in {slow_bf16(c) for c in cfgs} - {None}:
+        print(w, file=sys.stderr, flush=True)
+
+
 def cmd_run(a) -> int:
     from lightfed.engine import local
     from lightfed.engine.lock import hold
 
     if a.resume:
         cfg = resume_config(a)
-        if slow_bf16(cfg):
-            print(slow_bf16(cfg), file=sys.stderr)
+        warn_slow_bf16([cfg])
         with hold(a.resume):                 # refused while another process runs in that folder
             if a.engine == "flower-sim":
                 from lightfed.engine import flower_app
@@ -188,8 +193,7 @@ def cmd_run(a) -> int:
         print(table([s]))
         return 0
     cfgs = build_configs(a)
-    for w in {slow_bf16(c) for c in cfgs} - {None}:
-        print(w, file=sys.stderr)
+    warn_slow_bf16(cfgs)
     if a.engine == "flower-sim":
         from lightfed.engine import flower_app
         for c in cfgs:
