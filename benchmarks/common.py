@@ -278,10 +278,26 @@ def reuse_or_run(grid: list[tuple[str, dict]], workers: int, from_runs: bool = F
     else:
         ran = dict(zip([label for label, _ in todo], run_grid(todo, workers, runner, fresh_process))) if todo else {}
     out = [done[label] or ran[label] for label, _ in grid]
+    unmade([(label, c) for (label, c), s in zip(grid, out) if "error" in s and s["error"].startswith("not run")])
     for (_, c), s in zip(grid, out):
         if "error" not in s and "bench" in s and record_path(c):
             keep(s)
     return out
+
+
+ALLOW_MISSING = False       # --allow-missing: a report may list runs that are nowhere as not run
+
+
+def unmade(missing: list[tuple[str, dict]]) -> None:
+    """Stop a report before it writes anything when runs it would list as "not run" are in neither the store nor the
+    records: on a machine without the store that made a results file, its report command would otherwise overwrite the
+    committed figures with blanks. --allow-missing (ALLOW_MISSING) reports them as not run."""
+    if missing and not ALLOW_MISSING:
+        label, c = missing[0]
+        raise SystemExit(f"benchmarks: {len(missing)} run(s) of this report are in neither {STORE} nor {RECORDS.name}/ "
+                         f"(e.g. {label!r}: {c['out']}); reporting them as not run would overwrite what the committed "
+                         "results say of them. Make them (the command without --from-runs / --rows), or pass "
+                         "--allow-missing to report them as not run.")
 
 
 def with_starts(starts: list[tuple[str, dict]], grid: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
@@ -309,12 +325,16 @@ def add_args(ap) -> None:
     """The flags every claims script takes."""
     ap.add_argument("--workers", type=int, default=2, help="runs side by side (one torch thread each)")
     ap.add_argument("--from-runs", action="store_true", help="run nothing: report the finished runs, list the others")
+    ap.add_argument("--allow-missing", action="store_true", help="report runs that are in neither the store nor the "
+                    "records as not run (without it such a report stops before it writes anything)")
     ap.add_argument("--device", default="", help="where every run computes: auto | cpu | cuda | cuda:N (default: each "
                     "config's own, the CPU unless it says)")
     ap.add_argument("--dtype", default="", help="fp32 | bf16 for every run (default: each config's own)")
 
 
 def configure(a) -> None:
+    global ALLOW_MISSING
+    ALLOW_MISSING = getattr(a, "allow_missing", False)
     PLACE.clear()
     PLACE.update({k: getattr(a, k) for k in ("device", "dtype") if getattr(a, k, "")})
     if PLACE:

@@ -598,7 +598,7 @@ def render(res: dict) -> str:
          f"Base: lightfed's own ResNet-18 pretrained on classes 0-4 of training images 0-29,999: held-out accuracy "
          f"{res['base'].get('heldout_accuracy')} on {res['base'].get('heldout_images')} images after {res['base'].get('epochs')} "
          f"epochs ({res['base'].get('seconds', 0) / 60:.0f} min, {res['base'].get('torch_threads')} thread); backbone "
-         f"{res['backbone_fp32_bytes']:,} B fp32 without its head."
+         f"{res['backbone_fp32_bytes']:,} B fp32 without its head" + (f" (its report {res['base']['kept']})." if "kept" in res["base"] else ".")
          + (f" The base pretrained under the frozen orthogonal head (rows 0-4): held-out accuracy {ob.get('heldout_accuracy')} "
             f"after {ob.get('epochs')} epochs ({ob.get('seconds', 0) / 60:.0f} min)." if (ob := res.get("base_orthogonal")) else "")
          + "\n",
@@ -773,13 +773,19 @@ def main(argv=None):
         rows[f"{key}|{part}"] = empty_row(key, part, ["not run: its lr is not calibrated yet"])
     rows = {f"{k}|{p}": rows[f"{k}|{p}"] for k, *_, parts, _ in ROWS for p in parts if f"{k}|{p}" in rows}   # ROWS' order
     base = (fmnist.base_report("resnet18") or {}) if not a.quick else {}
+    base_o = (fmnist.base_report("resnet18", head="orthogonal") or {}) if not a.quick else {}
+    kept = common.RESULTS / f"{a.name or 'flite_vision'}.json"      # no base built here: the report the runs' base gave
+    if not a.quick and kept.exists() and not (base and base_o):
+        old = json.loads(kept.read_text())
+        base = base or {**old.get("base", {}), "kept": "from the committed results: this machine has not built the base"}
+        base_o = base_o or old.get("base_orthogonal", {})
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
     bb = sum(p.numel() * 4 for n, p in vision.GNResNet18(10).named_parameters() if not n.startswith("head."))
     res = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:] if argv is None else argv),
 ),
            "config": {"base": BASE, "task": TASK, "seeds": seeds, "lrs": lrs, "runs": len(g), "reused": reused,
                       "rows": [r[:6] for r in ROWS]},
-           "base": base, "base_orthogonal": (fmnist.base_report("resnet18", head="orthogonal") or {}) if not a.quick else {},
+           "base": base, "base_orthogonal": base_o,
            "backbone_fp32_bytes": bb, "rows": rows, "claims": claims(rows, bb), "wall_s": time.time() - t0}
     name = res["name"] = a.name or "flite_vision" + ("_quick" if a.quick else "")
     print(write(name, res, render(res)))

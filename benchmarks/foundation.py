@@ -74,11 +74,11 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-    worst = max(s["time"]["engine_overhead_share"] for s in runs)
+    worst = max((s["time"]["engine_overhead_share"] for s in runs), default=None)
     md = [f"# Foundation baselines on sentiment ({meta['date']})", "",
           f"Command: `{cmd}` (code {meta['code']}, commit {meta['commit']})  ", f"Config: {json.dumps(base)}  ", f"Per-method settings: {json.dumps(METHODS)}  ",
           f"torch {meta['torch']}, {a.workers} runs side by side with 1 torch thread each, {meta['machine']}; wall {meta['wall_seconds'] / 60:.1f} min", "",
-          markdown(rows, list(rows[0])), "",
+          markdown(rows, list(rows[0])) if rows else "", "",
           *[f"FAILED: {r['label']}: {r['error']}" for r in failed],
           *([f"† made by other code than this file's ({meta['code']}): "
              + "; ".join(f"{s['method']} / {s['config']['partition']}: code {p['code']}, commit {p['commit']}, {p['date']}"
@@ -88,7 +88,7 @@ def main(argv=None):
           "ran is unchanged; each run's provenance (code, commit, date, command) is in the JSON.",
           f"Engine overhead (what the simulator adds: client sampling, data slicing, measurement, progress, "
           f"checkpoints, results) is at most {100 * worst:.2f}% of client compute "
-          f"(target < 5%: {'met' if worst < 0.05 else 'MISSED'}).",
+          f"(target < 5%: {'met' if worst < 0.05 else 'MISSED'})." if worst is not None else "No run finished.",
           "Server compute (encoding the broadcast, decoding + validating every upload, aggregating) is protocol "
           "work a real server does too, so it is reported on its own, not as engine overhead. "
           "Bytes are len() of the encoded messages; the upload includes the 4-byte `_n` sample count. "

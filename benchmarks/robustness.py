@@ -177,9 +177,9 @@ def main():
             t = time.time()
             res[p] = {"fuzz": lambda: part_fuzz(a.per_kind),
                       "fuzz_recheck": lambda: part_fuzz(a.per_kind, set(a.kinds.split(","))), "secagg": part_secagg,
-                      "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers, a.finished),
-                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers, a.finished),
-                      "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers, a.finished)}[p]()
+                      "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers, a.finished or a.from_runs),
+                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers, a.finished or a.from_runs),
+                      "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers, a.finished or a.from_runs)}[p]()
             res[p]["seconds"] = time.time() - t
             res[p]["command"] = res["meta"]["command"]
             write("robustness", res, markdown(res))

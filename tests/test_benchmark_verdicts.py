@@ -671,6 +671,11 @@ def test_the_run_store_names_a_run_by_its_config_and_reuses_it_while_the_code_it
         common.reuse_or_run([("row", c)], workers=1)
         assert len(runs) == 2                                                  # that run's code changed: made afresh
         other = {**c, "lr": 2e-2}                 # only=: the rows this command may run; the others come from the store
+        for only in (set(), None):            # a run in neither the store nor the records: the report stops, unwritten
+            with pytest.raises(SystemExit, match="1 run.*'other'.*--allow-missing"):
+                common.reuse_or_run([("row", c), ("other", other)], workers=1, only=only, from_runs=only is None)
+        assert len(runs) == 2
+        monkeypatch.setattr(common, "ALLOW_MISSING", True)                     # --allow-missing: listed as not run
         kept, absent = common.reuse_or_run([("row", c), ("other", other)], workers=1, only=set())
         assert len(runs) == 2 and kept["final"] == s["final"] and absent["error"].startswith("not run")
         common.reuse_or_run([("row", c), ("other", other)], workers=1, only={"other"})
