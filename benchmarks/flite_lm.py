@@ -52,6 +52,10 @@ ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         # rank bought with bits and the move uploaded together (psentiment: the move took r = 20 to -0.8 pp of FedAvg)
         ("flite_r22g_delta", "FLITE r = 22, int4g, the round's move uploaded (102,124 latents)", "flite",
          {"r": 22, "codec": "int4g", "delta": True}),
+        # what rank buys federated, past the byte budget (centrally r = 64 met FedAvg's central twin on seed 0): does the
+        # federation then cost FLITE what averaging gives FedAvg?
+        ("flite_r64g_delta", "FLITE r = 64, int4g, the round's move uploaded (864,256 latents; past the 8,000x budget)",
+         "flite", {"r": 64, "codec": "int4g", "delta": True}),
         # the central twins: one client with all the training data, the grid's steps in sequence, fp32 latents, each
         # its own sweep: is FLITE's shortfall its map's (central FLITE below central FedAvg) or the federation's?
         ("fedavg_central", "FedAvg fp32, centralised (1 client, the grid's steps)", "fedavg", {}),
@@ -68,7 +72,7 @@ ROW_RUN = {"fedavg_central", "flite_central", "flite_central_r32", "flite_centra
 SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1],
                     "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1], "fedavg_central": [1e-5, 2e-5, 5e-5, 1e-4],
                     "flite_central": [3e-3, 1e-2, 3e-2], "flite_central_r32": [3e-3, 1e-2, 3e-2],
-                    "flite_central_r64": [1e-3, 3e-3, 1e-2, 3e-2]},
+                    "flite_central_r64": [1e-3, 3e-3, 1e-2, 3e-2], "flite_r64g_delta": [3e-3, 1e-2, 3e-2]},
          "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1], "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1],
                         "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4], "flite_central": [3e-3, 1e-2, 3e-2],
                         "flite_r22g_delta": [3e-3, 1e-2, 3e-2]}}   # centred on austen's choices;

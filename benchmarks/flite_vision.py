@@ -441,6 +441,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         m = np.mean(list(d.values())) * 100 if d else float("nan")
         return f"{m:+.2f} pp over seed{'s' if len(d) > 1 else ''} {', '.join(map(str, d))}"
 
+    def above(text, ka, kb, what, pa="iid", pb="iid", note=""):     # a above b, where both rows ran
+        if f(ka, pa) and f(kb, pb):
+            out.append((text, verdict(f(ka, pa), f(kb, pb), False) + f" ({what} = {gap(ka, kb, pa, pb)}{note})"))
+
     out = []
     fl, fa = f("flite"), f("fedavg")
     if "flite|iid" in rows:         # a grid of some rows (--rows) judges only the claims of its rows
@@ -476,13 +480,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     if dl and f32:
         out.append(("int4 latents uploaded as the round's move (delta) within 0.5 pp of fp32 latents",
                     f"{half_pp(dl, f32)} (delta int4 - fp32 = {gap('flite_delta', 'flite_fp32')})"))
-    if dl and i4:
-        out.append(("delta upload above the paper's absolute int4 upload", verdict(dl, i4, False)
-                    + f" (delta - absolute = {gap('flite_delta', 'flite')})"))
-    ce = f("flite_central")
-    if ce and f32:                  # the codec gone (fp32 both), what is left between them is the averaging
-        out.append(("what averaging costs: fp32 latents centralised (same steps) above federated", verdict(ce, f32, False)
-                    + f" (centralised - federated = {gap('flite_central', 'flite_fp32')})"))
+    above("delta upload above the paper's absolute int4 upload", "flite_delta", "flite", "delta - absolute")
+    # the codec gone (fp32 both), what is left between them is the averaging
+    above("what averaging costs: fp32 latents centralised (same steps) above federated", "flite_central", "flite_fp32",
+          "centralised - federated")
     if i4 and f32:
         for s, x in zip(rows["flite_fp32|iid"]["seeds"], rows["flite_fp32|iid"].get("int4_roundtrip") or []):
             if x:       # is the loss the rounding of the final model, or int4's effect on training?
@@ -503,31 +504,24 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                 out.append((f"int4 FedAvg's accuracy per class 0-9, seed {s}",
                             f"round 0: {pc(x['per_class']['round 0'])}; final: {pc(x['per_class']['final'])}; "
                             f"{100 * x['codes_changed']:.1f}% of the body's int4 codes moved"))
-    ob = f("flite_obase")
-    if ob and fl:
-        out.append(("the frozen orthogonal head's geometry serves FLITE when the base grew in it: FLITE's paper form on "
-                    "the base pretrained under that head above today's base", verdict(ob, fl, False)
-                    + f" (head-pretrained - today's = {gap('flite_obase', 'flite')})"))
-    c16, r16 = f("flite_r16g_central"), f("flite_r16g")
-    if c16 and r16:                 # the same map and codec: what is left between them is the averaging
-        out.append(("what averaging costs r = 16 int4g: centralised (same steps) above federated", verdict(c16, r16, False)
-                    + f" (centralised - federated = {gap('flite_r16g_central', 'flite_r16g')})"))
-    cfa = f("fedavg_central")
-    if cfa and fa:                  # the protocol's cost to full fine-tuning, beside FLITE's
-        out.append(("what averaging costs FedAvg fp32: centralised (same steps) above federated", verdict(cfa, fa, False)
-                    + f" (centralised - federated = {gap('fedavg_central', 'fedavg')})"))
+    above("the frozen orthogonal head's geometry serves FLITE when the base grew in it: FLITE's paper form on the base "
+          "pretrained under that head above today's base", "flite_obase", "flite", "head-pretrained - today's")
+    # the same map and codec: what is left between them is the averaging
+    above("what averaging costs r = 16 int4g: centralised (same steps) above federated", "flite_r16g_central", "flite_r16g",
+          "centralised - federated")
+    # the protocol's cost to full fine-tuning, beside FLITE's
+    above("what averaging costs FedAvg fp32: centralised (same steps) above federated", "fedavg_central", "fedavg",
+          "centralised - federated")
+    c16, r16, cfa = f("flite_r16g_central"), f("flite_r16g"), f("fedavg_central")
+    if cfa and fa:
         if c16 and r16:             # seed by seed, central - federated: is FLITE's cost the protocol's or its own?
             fc, ac = (list(paired(central, fed).values()) for central, fed in (("flite_r16g_central", "flite_r16g"), ("fedavg_central", "fedavg")))
             out.append(("averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)",
                         verdict(fc, ac, False) + f" (FLITE's cost {100 * np.mean(fc):+.2f} pp, FedAvg's {100 * np.mean(ac):+.2f} pp; "
                         f"centralised, FLITE - FedAvg = {gap('flite_r16g_central', 'fedavg_central')})"))
-    srv, r20, dr = f("flite_r20g_srv"), f("flite_r20g"), f("flite_r20g_delta")
-    if srv and r20:                 # the same map, codec and client steps: what the server's step adds
-        out.append(("r = 20 int4g: the server's step above the clients' mean", verdict(srv, r20, False)
-                    + f" (server step - mean = {gap('flite_r20g_srv', 'flite_r20g')})"))
-    if dr and r20:                  # the same map, bytes and steps: what uploading the move instead of z buys
-        out.append(("r = 20 int4g: the round's move uploaded above z uploaded", verdict(dr, r20, False)
-                    + f" (delta - z = {gap('flite_r20g_delta', 'flite_r20g')})"))
+    # the same map, codec and client steps: what the server's step adds; what uploading the move instead of z buys
+    above("r = 20 int4g: the server's step above the clients' mean", "flite_r20g_srv", "flite_r20g", "server step - mean")
+    above("r = 20 int4g: the round's move uploaded above z uploaded", "flite_r20g_delta", "flite_r20g", "delta - z")
     for key, what in (("flite_obase", "on the head-pretrained base"), ("flite_r16g", "r = 16, int4g"),
                       ("flite_r20g", "r = 20, int4g"), ("flite_r20g_srv", "r = 20, int4g, the server's step"),
                       ("flite_r20g_delta", "r = 20, int4g, the move uploaded"),
@@ -560,14 +554,10 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
                 out.append((f"on the same probed head, FLITE r = 16 int4g no worse than FedAvg fp32 - 1 pp ({part})",
                             within(pb, fp, 0.01) + f" (FLITE - FedAvg = {gap('flite_r16g_probe', 'fedavg_probe', part, part)}; "
                             f"uplink {up:,.0f}x below FedAvg's a client a round)"))
-                if f("fedavg", part):
-                    out.append((f"the probed head helps FedAvg too: from the probe above from the fresh head ({part})",
-                                verdict(fp, f("fedavg", part), False)
-                                + f" (probed - fresh = {gap('fedavg_probe', 'fedavg', part, part)})"))
-    sc = f("flite_scratch")
-    if sc and fl:
-        out.append(("FLITE needs the pretrained base: pretrained above from scratch", verdict(fl, sc, False)
-                    + f" (pretrained - scratch = {gap('flite', 'flite_scratch')}; the paper: 74.67% vs 2.5%)"))
+                above(f"the probed head helps FedAvg too: from the probe above from the fresh head ({part})",
+                      "fedavg_probe", "fedavg", "probed - fresh", part, part)
+    above("FLITE needs the pretrained base: pretrained above from scratch", "flite", "flite_scratch", "pretrained - scratch",
+          note="; the paper: 74.67% vs 2.5%")
     pr = f("probe")
     if pr:
         out.append(("what the frozen base's features allow (the probe: a closed-form head, no body change; for reference)",
@@ -578,10 +568,9 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
         out.append((f"frozen orthogonal head above a trained head ({'fp32' if f32 else 'int4'} latents)", verdict(o, hd, False)
                     + f" (orthogonal - trained = {gap('flite_fp32' if f32 else 'flite', 'flite_head')}; the paper: "
                     "+0.54 pp)"))
-    hdd, f32d = f("flite_head", "dirichlet:0.1"), f("flite_fp32", "dirichlet:0.1")
-    if hdd and f32d:                # FedAvg's clients retrain their head: is the frozen one what skew costs the map?
-        out.append(("Dirichlet(0.1): a trained head above the frozen orthogonal head (fp32 latents)", verdict(hdd, f32d, False)
-                    + f" (trained - frozen = {gap('flite_head', 'flite_fp32', 'dirichlet:0.1', 'dirichlet:0.1')})"))
+    # FedAvg's clients retrain their head: is the frozen one what skew costs the map?
+    above("Dirichlet(0.1): a trained head above the frozen orthogonal head (fp32 latents)", "flite_head", "flite_fp32",
+          "trained - frozen", "dirichlet:0.1", "dirichlet:0.1")
     return out
 
 
