@@ -75,12 +75,13 @@ SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e
                     "flite_central_r64": [1e-3, 3e-3, 1e-2, 3e-2], "flite_r64g_delta": [3e-3, 1e-2, 3e-2]},
          "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1], "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1],
                         "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4], "flite_central": [3e-3, 1e-2, 3e-2],
-                        "flite_r22g_delta": [3e-3, 1e-2, 3e-2]}}   # centred on austen's choices;
+                        "flite_r22g_delta": [3e-3, 1e-2, 3e-2], "flite_central_r64": [1e-3, 3e-3, 1e-2]}}   # centred on austen's choices;
 # psentiment's FedAvg chose 3e-5 at its lower edge (0.818 vs 0.812 at 1e-4 on 500 validation tweets): 1e-5 added;
 # flite_delta chose 0.01 at its lower edge (0.814 vs 0.756 at 0.03): 3e-3 added; austen's fedavg_central chose 2e-5 at its lower
 # edge (44.10 vs 44.37 at 5e-5, 48.14 at 1e-4 on validation text): 1e-5 added, 2e-4 left out (past a rising 1e-4);
 # its central FLITE sweep stops at 3e-2 (a central twin takes sequential steps: psentiment's chose a third of its
-# federated lr); r = 64 chose 3e-3 at its lower edge (43.23 vs 45.01 at 1e-2): 1e-3 added
+# federated lr); r = 64 chose 3e-3 at its lower edge (43.23 vs 45.01 at 1e-2): 1e-3 added; psentiment's r = 64 is
+# centred a third below its r = 20 (austen's r = 64 chose a third of its r = 20's lr)
 SWEEP_RUN = {"austen": {}, "psentiment": {"eval_start": False}}    # a sweep run is judged by its last round alone
 CUT = 0.88              # the validation corpus: the first 88% of each novel's characters
 TARGET_X = 8000         # uplink at least this many times below FedAvg's, by len() of the messages
