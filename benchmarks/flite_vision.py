@@ -589,7 +589,8 @@ def render(res: dict) -> str:
          f"epochs ({res['base'].get('seconds', 0) / 60:.0f} min, {res['base'].get('torch_threads')} thread); backbone "
          f"{res['backbone_fp32_bytes']:,} B fp32 without its head" + (f" (its report {res['base']['kept']})." if "kept" in res["base"] else ".")
          + (f" The base pretrained under the frozen orthogonal head (rows 0-4): held-out accuracy {ob.get('heldout_accuracy')} "
-            f"after {ob.get('epochs')} epochs ({ob.get('seconds', 0) / 60:.0f} min)." if (ob := res.get("base_orthogonal")) else "")
+            f"after {ob.get('epochs')} epochs ({ob.get('seconds', 0) / 60:.0f} min)" + (f" (its report {ob['kept']})." if "kept" in ob
+                                                                                else ".") if (ob := res.get("base_orthogonal")) else "")
          + "\n",
          "| row | partition | accuracy (mean ± sd over seeds) | round 0 | seeds | up B / client / round | x fewer than FedAvg | lr |",
          "|---|---|---|---|---|---|---|---|"]
@@ -766,8 +767,9 @@ def main(argv=None):
     kept = common.RESULTS / f"{a.name or 'flite_vision'}.json"      # no base built here: the report the runs' base gave
     if not a.quick and kept.exists() and not (base and base_o):
         old = json.loads(kept.read_text())
-        base = base or {**old.get("base", {}), "kept": "from the committed results: this machine has not built the base"}
-        base_o = base_o or old.get("base_orthogonal", {})
+        kept_note = "from the committed results: this machine has not built the base"
+        base = base or {**old.get("base", {}), "kept": kept_note}
+        base_o = base_o or ({**old["base_orthogonal"], "kept": kept_note} if old.get("base_orthogonal") else {})
     from lightfed.models import vision            # the paper's FedAvg charge: the backbone without its head, fp32
     bb = sum(p.numel() * 4 for n, p in vision.GNResNet18(10).named_parameters() if not n.startswith("head."))
     res = {"meta": meta("python benchmarks/flite_vision.py " + " ".join(sys.argv[1:] if argv is None else argv),
