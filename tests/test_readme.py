@@ -236,7 +236,8 @@ ROWS = {
                             f"{d['rows']['flite_r22g']['latent']:,}", f"{d['rows']['flite']['latent']:,}",
                             lm_mean(d, "flite"), f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}",
                             lm_mean(d, "flite_delta"), lm_mean(d, "flite_central"), lm_mean(d, "fedavg_central"),
-                            f"{d['rows']['flite_central_r64']['latent']:,}", lm_mean(d, "flite_central_r64")],
+                            f"{d['rows']['flite_central_r64']['latent']:,}", lm_mean(d, "flite_central_r64"),
+                            lm_mean(d, "flite_r64g_delta"), f"{d['rows']['fedavg']['up'] / d['rows']['flite_r64g_delta']['up']:,.0f}"],
         verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
         claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
     "FLITE on a language model within 1 pp of FedAvg fp32's accuracy at ≥ 8,000x fewer uplink bytes (psentiment, "
