@@ -512,13 +512,12 @@ def claims(rows: dict, backbone_bytes: int) -> list[tuple[str, str]]:
     # the protocol's cost to full fine-tuning, beside FLITE's
     above("what averaging costs FedAvg fp32: centralised (same steps) above federated", "fedavg_central", "fedavg",
           "centralised - federated")
-    c16, r16, cfa = f("flite_r16g_central"), f("flite_r16g"), f("fedavg_central")
-    if cfa and fa:
-        if c16 and r16:             # seed by seed, central - federated: is FLITE's cost the protocol's or its own?
-            fc, ac = (list(paired(central, fed).values()) for central, fed in (("flite_r16g_central", "flite_r16g"), ("fedavg_central", "fedavg")))
-            out.append(("averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)",
-                        verdict(fc, ac, False) + f" (FLITE's cost {100 * np.mean(fc):+.2f} pp, FedAvg's {100 * np.mean(ac):+.2f} pp; "
-                        f"centralised, FLITE - FedAvg = {gap('flite_r16g_central', 'fedavg_central')})"))
+    if all(f(k) for k in ("flite_r16g_central", "flite_r16g", "fedavg_central", "fedavg")):
+        # seed by seed, central - federated: is FLITE's cost the protocol's or its own?
+        fc, ac = (list(paired(central, fed).values()) for central, fed in (("flite_r16g_central", "flite_r16g"), ("fedavg_central", "fedavg")))
+        out.append(("averaging costs FLITE r = 16 int4g more than FedAvg fp32 (central - federated, seed by seed)",
+                    verdict(fc, ac, False) + f" (FLITE's cost {100 * np.mean(fc):+.2f} pp, FedAvg's {100 * np.mean(ac):+.2f} pp; "
+                    f"centralised, FLITE - FedAvg = {gap('flite_r16g_central', 'fedavg_central')})"))
     # the same map, codec and client steps: what the server's step adds; what uploading the move instead of z buys
     above("r = 20 int4g: the server's step above the clients' mean", "flite_r20g_srv", "flite_r20g", "server step - mean")
     above("r = 20 int4g: the round's move uploaded above z uploaded", "flite_r20g_delta", "flite_r20g", "delta - z")
@@ -578,6 +577,11 @@ def x_fewer(fa, up) -> str:
     return f"{fa / up:,.0f}" if fa else "-"          # "-": FedAvg has no finished run yet
 
 
+def kept(report: dict) -> str:
+    """The end of a base's sentence: where its report came from when this machine has not built that base."""
+    return f" (its report {report['kept']})." if "kept" in report else "."
+
+
 def render(res: dict) -> str:
     c = res["config"]
     L = [f"# FLITE at paper scale in vision (GN ResNet-18, {res['base'].get('params', 0):,} weights)\n",
@@ -587,10 +591,9 @@ def render(res: dict) -> str:
          f"Base: lightfed's own ResNet-18 pretrained on classes 0-4 of training images 0-29,999: held-out accuracy "
          f"{res['base'].get('heldout_accuracy')} on {res['base'].get('heldout_images')} images after {res['base'].get('epochs')} "
          f"epochs ({res['base'].get('seconds', 0) / 60:.0f} min, {res['base'].get('torch_threads')} thread); backbone "
-         f"{res['backbone_fp32_bytes']:,} B fp32 without its head" + (f" (its report {res['base']['kept']})." if "kept" in res["base"] else ".")
+         f"{res['backbone_fp32_bytes']:,} B fp32 without its head{kept(res['base'])}"
          + (f" The base pretrained under the frozen orthogonal head (rows 0-4): held-out accuracy {ob.get('heldout_accuracy')} "
-            f"after {ob.get('epochs')} epochs ({ob.get('seconds', 0) / 60:.0f} min)" + (f" (its report {ob['kept']})." if "kept" in ob
-                                                                                else ".") if (ob := res.get("base_orthogonal")) else "")
+            f"after {ob.get('epochs')} epochs ({ob.get('seconds', 0) / 60:.0f} min){kept(ob)}" if (ob := res.get("base_orthogonal")) else "")
          + "\n",
          "| row | partition | accuracy (mean ± sd over seeds) | round 0 | seeds | up B / client / round | x fewer than FedAvg | lr |",
          "|---|---|---|---|---|---|---|---|"]

@@ -173,13 +173,13 @@ def main():
     res = json.loads(path.read_text()) if path.exists() else {}
     if not a.render:
         res["meta"] = meta("python benchmarks/robustness.py " + " ".join(sys.argv[1:]))
+        seeds = [int(s) for s in a.seeds.split(",")]
         for p in a.parts.split(","):
             t = time.time()
-            res[p] = {"fuzz": lambda: part_fuzz(a.per_kind),
-                      "fuzz_recheck": lambda: part_fuzz(a.per_kind, set(a.kinds.split(","))), "secagg": part_secagg,
-                      "dp": lambda: part_runs("dp", [int(s) for s in a.seeds.split(",")], a.workers, a.finished or a.from_runs),
-                      "dropout": lambda: part_runs("dropout", [int(s) for s in a.seeds.split(",")], a.workers, a.finished or a.from_runs),
-                      "hostile": lambda: part_runs("hostile", [int(s) for s in a.seeds.split(",")], a.workers, a.finished or a.from_runs)}[p]()
+            runs = ("dp", "dropout", "hostile")        # --from-runs: the shared flag, read as --finished here
+            res[p] = (part_runs(p, seeds, a.workers, a.finished or a.from_runs) if p in runs else
+                      {"fuzz": lambda: part_fuzz(a.per_kind), "fuzz_recheck": lambda: part_fuzz(a.per_kind, set(a.kinds.split(","))),
+                       "secagg": part_secagg}[p]())
             res[p]["seconds"] = time.time() - t
             res[p]["command"] = res["meta"]["command"]
             write("robustness", res, markdown(res))
