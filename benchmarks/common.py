@@ -330,6 +330,8 @@ def add_args(ap) -> None:
     ap.add_argument("--device", default="", help="where every run computes: auto | cpu | cuda | cuda:N (default: each "
                     "config's own, the CPU unless it says)")
     ap.add_argument("--dtype", default="", help="fp32 | bf16 for every run (default: each config's own)")
+    ap.add_argument("--render", action="store_true", help="run nothing: write the markdown (and plots) again from the "
+                    "results JSON")
 
 
 def configure(a) -> None:
@@ -354,6 +356,20 @@ def write(name: str, data: dict, md: str) -> Path:
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1))
     (RESULTS / f"{name}.md").write_text(md)
     return RESULTS / f"{name}.md"
+
+
+def rerender(a, name: str, render, plot=None, folder: Path | None = None) -> bool:
+    """--render: <name>.md (and the plot) written again from <name>.json by the script's own render(res); False
+    without --render."""
+    if not getattr(a, "render", False):
+        return False
+    folder = folder or RESULTS
+    res = json.loads((folder / f"{name}.json").read_text())
+    (folder / f"{name}.md").write_text(render(res))
+    if plot:
+        plot(res)
+    print(folder / f"{name}.md")
+    return True
 
 
 def why(error: str, n: int = 60) -> str:

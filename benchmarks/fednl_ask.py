@@ -142,7 +142,7 @@ def cells(rows: list[dict], key: str, lengths) -> dict:
     return out
 
 
-def markdown(res: dict) -> str:
+def render(res: dict) -> str:
     s, c = res["setting"], res["cells"]
     L = ["# FedNL you can use: pass keys hidden in a text it never saw, asked through `lightfed ask`'s path",
          "", f"Command: `{res['meta']['command']}` (code {res['meta']['code']}, {res['meta']['date']}).", "",
@@ -239,7 +239,7 @@ def main():
            "meta": meta("python benchmarks/fednl_ask.py" + "".join(f" {x}" for x in sys.argv[1:]))}
     res["cells"]["ask_reset"] = res["cells"].pop("reset")
     name = "fednl_ask" + ("" if a.size == "cpu" else f"_{a.size}")
-    print(write(name, res, markdown(res)).read_text())
+    print(write(name, res, render(res)).read_text())
 
 
 if __name__ == "__main__":

@@ -371,7 +371,7 @@ def fmt(x, nd=3):
     return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
 
 
-def markdown(res: dict) -> str:
+def render(res: dict) -> str:
     parts = [p for p in ("recipe", "passkey", "latent", "templates", "bytes", "memory", "ce", "trivia") if p in res]
     L = ["# FedNL claims (SmolLM2-135M)\n\nCommands (one per part; parts run separately add up in one file): "
          + "; ".join(f"{p}: `{res[p].get('command', '?')}` ({res[p].get('seconds', 0) / 60:.0f} min)" for p in parts)
@@ -545,7 +545,6 @@ def main():
     ap.add_argument("--name", default="fednl_claims")
     ap.add_argument("--methods", default="", help="';'-separated labels of METHODS to run in ce/trivia (default: all; labels "
                     "hold commas); the grid's other rows come from the store, or are reported not run")
-    ap.add_argument("--render", action="store_true", help="only write the markdown and plot again from the JSON")
     ap.add_argument("--memory-point", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-seeds", default="", help="passkey: the seeds of the baseline rows (default: --seeds)")
     ap.add_argument("--golds", action="store_true", help="templates: also score the golds found (RULER's string-match-"
@@ -557,7 +556,7 @@ def main():
     common.configure(a)
     if a.render:
         res = json.loads((RESULTS / f"{a.name}.json").read_text())
-        write(a.name, res, markdown(res))
+        write(a.name, res, render(res))
         plot(res, a.name)
         return
     if a.memory_point:
@@ -604,7 +603,7 @@ def main():
             res[p]["size"] = a.size              # the preset this part ran; its own setting is recorded in the part
         res[p]["command"] = res["meta"]["command"]
         print(f"[fednl_claims] {p} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
-        write(a.name, res, markdown(res))
+        write(a.name, res, render(res))
         plot(res, a.name)
     print(RESULTS / f"{a.name}.md")
 

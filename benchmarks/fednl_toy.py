@@ -106,7 +106,7 @@ def mean_a(m) -> float | None:
     return float(torch.stack(seen).mean())
 
 
-def markdown(res: dict) -> str:
+def render(res: dict) -> str:
     L = ["# FedNL on a toy: the forgetting gate far beyond the training length, and the rules as FLITE latents\n",
          f"Command: `{res['meta']['command']}`  ", f"Date {res['meta']['date']}, code {res['meta']['code']}.\n",
          __doc__.split("\n\n")[1].replace("\n", " ") + "\n",
@@ -124,7 +124,7 @@ def markdown(res: dict) -> str:
         L.append(f"| {name} | {runs[0]['trained']:,} | {runs[0]['lr']:g} | " + " | ".join(cells)
                  + f" | {pm([r['train_loss_last100'] for r in runs])} | {', '.join(f'{x:.4f}' for x in a) or '-'} |")
     L += ["", "Latent rows' lr (seed 0, training loss over the last 100 steps): "
-          + "; ".join(f"{k}: " + ", ".join(f"{lr:g} -> {v:.3f}" for lr, v in c.items()) for k, c in res["lr_choice"].items()),
+          + "; ".join(f"{k}: " + ", ".join(f"{float(lr):g} -> {v:.3f}" for lr, v in c.items()) for k, c in res["lr_choice"].items()),
           "", f"Chance: 1 / {NV} = {1 / NV:.3f}.", "", "| claim | verdict |", "|---|---|"]
     for k, v in res["verdicts"].items():
         L.append(f"| {k} | {v} |")
@@ -164,7 +164,7 @@ def main():
                         verdict(at(lat8, TRAIN_CHUNKS), at(plain, TRAIN_CHUNKS), a_lower=True),
                         f"recall at {TRAIN_CHUNKS} chunks: latent_r 32 (more latents than rules) below the rules trained whole":
                         verdict(at(lat32, TRAIN_CHUNKS), at(plain, TRAIN_CHUNKS), a_lower=True)}}
-    print(write("fednl_toy", res, markdown(res)))
+    print(write("fednl_toy", res, render(res)))
 
 
 if __name__ == "__main__":

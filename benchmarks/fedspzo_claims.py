@@ -399,9 +399,11 @@ def main(argv=None):
     common.configure(a)
     if a.calibrate:
         return calibrate(a)
+    if common.rerender(a, "fedspzo_claims" + ("_quick" if a.quick else ""), render):
+        return
     tasks = [t for t in a.tasks.split(",") if t]
     grid, probes = grid_for(tasks, a.quick, probe=not a.no_probe)
-    t0 = time.time()
+    t0, reused = time.time(), sum(common.finished(label, c) is not None for label, c in common.placed(grid + probes))
     summaries = reuse_or_run(grid, a.workers, a.from_runs)
     if probes:          # each in a fresh process (its RSS rise not hidden by an earlier run's heap); quick: a smoke test
         summaries += reuse_or_run(probes, a.workers, a.from_runs, fresh_process=not a.quick)
@@ -415,17 +417,34 @@ def main(argv=None):
     name = "fedspzo_claims" + ("_quick" if a.quick else "")
     cmd = ("python benchmarks/fedspzo_claims.py" + (" --quick" if a.quick else "")
            + (f" --tasks {a.tasks}" if a.tasks != "sentiment,austen" else "") + (" --no-probe" if a.no_probe else ""))
-    md = [f"# FedSPZO claims ({time.strftime('%Y-%m-%d %H:%M')})", "",
-          f"Command: `{cmd}`  ",
-          ("Collected (--from-runs) from the runs of this grid that finished; they ran " if a.from_runs else "")
-          + f"{a.workers} runs side by side, 1 torch thread each"
-          + (", on 2 cores shared with other benchmarks." if a.from_runs else f"; wall {(time.time() - t0) / 60:.1f} min."), "",
+    data = {"meta": meta(cmd, tasks=TASKS, methods=METHODS, zo_trainable=ZO_TRAINABLE, zo_lr=ZO_LR, fo_lr=FO_LR,
+                         rounds=ROUNDS, probe=PROBE, quick=a.quick, workers=a.workers, from_runs=a.from_runs,
+                         wall_s=time.time() - t0, reused=reused),
+            "runs": runs, "targets": verdicts, "notes": notes}
+    write(name, data, render(data))
+    if [r for r in ok if r["task"] != "probe"]:
+        plot([r for r in ok if r["task"] != "probe"], HERE / "results" / f"{name}.png")
+    print(render(data))
+
+
+def render(data: dict) -> str:
+    m, runs, verdicts, notes = data["meta"], data["runs"], data["targets"], data["notes"]
+    ok = [r for r in runs if "error" not in r]
+    tasks = [t for t in TASKS if any(r["task"] == t for r in runs)]
+    quick, from_runs = m.get("quick"), m.get("from_runs", "--from-runs" in m["command"])
+    wall = f"{m['wall_s'] / 60:.1f}" if "wall_s" in m else "?"
+    md = [f"# FedSPZO claims ({m['date']})", "",
+          f"Command: `{m['command']}`  ",
+          ("Collected (--from-runs) from the runs of this grid that finished; they ran " if from_runs else "")
+          + f"{m['workers']} runs side by side, 1 torch thread each"
+          + (", on 2 cores shared with other benchmarks." if from_runs else f"; wall {wall} min.")
+          + (f" {m['reused']} of {len(runs)} runs reused from the run store (made by the code at hand)." if m.get("reused") else ""), "",
           "Setting (see the module docstring for the protocol):", ""]
     for t in tasks:
-        base = {**TASKS[t], **(QUICK[t] if a.quick else {})}
-        md.append(f"- {t}: `{json.dumps(base)}`; ZO trainable = `{ZO_TRAINABLE[t]}` (every ZO method), z = fast")
-    md += ["- methods: " + "; ".join(f"{l} = {m} {json.dumps(o)}" for l, m, o, _ in METHODS),
-           "- rounds: " + json.dumps({t: ROUNDS[t] for t in tasks}) if not a.quick else f"- rounds: {json.dumps(QUICK_ROUNDS)} (quick)",
+        base = {**m["tasks"][t], **(QUICK[t] if quick else {})}
+        md.append(f"- {t}: `{json.dumps(base)}`; ZO trainable = `{m['zo_trainable'][t]}` (every ZO method), z = fast")
+    md += ["- methods: " + "; ".join(f"{l} = {me} {json.dumps(o)}" for l, me, o, _ in m["methods"]),
+           "- rounds: " + json.dumps({t: m["rounds"][t] for t in tasks}) if not quick else f"- rounds: {json.dumps(QUICK_ROUNDS)} (quick)",
            "- start: the task's pretrained backbone + its seeded random head for every method (ZO starts at chance)",
            ""]
     for t in tasks:
@@ -442,7 +461,7 @@ def main(argv=None):
                    markdown(tr, [c for c in tr[0] if c != "task"]), ""]
     pr = probe_rows(ok)
     if pr:
-        pcfg = {**PROBE, **(QUICK_PROBE if a.quick else {})}
+        pcfg = {**m["probe"], **(QUICK_PROBE if quick else {})}
         md += [f"## Memory of one local update at batch {pcfg['batch_size']} x ctx {pcfg['task_options']['max_len']} "
                "(sentiment, MiniLM; one step)", "",
                markdown(pr, list(pr[0])), ""]
@@ -460,14 +479,8 @@ def main(argv=None):
            "the local update above its resident set before it: meaningful for the probes (one update in a fresh "
            "process; in --quick they share the pool), not for the runs (worker processes are reused, so memory an earlier run freed to the heap hides "
            "the rise; shown, not judged). At the runs' short sequences the weights dominate both; the probe shows the "
-           "longer-context regime.", f"![accuracy vs FLOPs]({name}.png)"]
-    data = {"meta": meta(cmd, tasks=TASKS, methods=METHODS, zo_trainable=ZO_TRAINABLE, zo_lr=ZO_LR, fo_lr=FO_LR,
-                         rounds=ROUNDS, probe=PROBE, quick=a.quick, workers=a.workers),
-            "runs": runs, "targets": verdicts, "notes": notes}
-    write(name, data, "\n".join(md) + "\n")
-    if [r for r in ok if r["task"] != "probe"]:
-        plot([r for r in ok if r["task"] != "probe"], HERE / "results" / f"{name}.png")
-    print("\n".join(md))
+           "longer-context regime.", f"![accuracy vs FLOPs](fedspzo_claims{'_quick' if quick else ''}.png)"]
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":

@@ -164,7 +164,6 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--only", default="", help="comma-free: labels separated by ';' (default: every variant)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--render", action="store_true")
     common.add_args(ap)
     a = ap.parse_args()
     common.configure(a)

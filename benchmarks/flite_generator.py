@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 from common import meta, write  # noqa: E402
 
 from lightfed import config as C  # noqa: E402
@@ -54,7 +55,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="sentiment,austen")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--render", action="store_true", help="run nothing: the markdown again from the results JSON")
     a = ap.parse_args(argv)
+    if common.rerender(a, "flite_generator", render):
+        return
     torch.set_num_threads(1)
     rows, data = [], {}
     for name in a.tasks.split(","):
@@ -90,16 +94,21 @@ def main(argv=None):
         data[name] = {"batch": bs, "task_options": opts, "weights_bytes": weights, "latent": latent.info(models["FLITE cache"]),
                       "results": res}
     cmd = f"python benchmarks/flite_generator.py --tasks {a.tasks} --reps {a.reps}"
-    md = ["# FLITE's generator vs the plain model", "", f"Command: `{cmd}`  ",
-          f"One process, 1 torch thread, {a.reps} interleaved repetitions, medians; batch: sentiment 16 x 32 tokens "
+    write("flite_generator", res := {"meta": meta(cmd), "tasks": data, "rows": rows}, render(res))
+    print(render(res))
+
+
+def render(res: dict) -> str:
+    reps = len(next(iter(next(iter(res["tasks"].values()))["results"].values()))["fwd_s"])
+    md = ["# FLITE's generator vs the plain model", "", f"Command: `{res['meta']['command']}`  ",
+          f"One process, 1 torch thread, {reps} interleaved repetitions, medians; batch: sentiment 16 x 32 tokens "
           "(MiniLM-L6), austen 4 x 64 tokens (SmolLM2-135M); rank 6, matrix form, every Linear/Conv layer. "
           "`factor memory`: the A_l, B_l factors held (cache) or 0 (regen: drawn from the seed in each forward). "
           "FLOPs: FlopCounterMode per forward (the generator's A Z B^T products included; the draws are not FLOPs). "
           "fwd+bwd: the plain model's backward computes every weight's gradient (full fine-tuning); FLITE's only "
           "z's, through the generator, so a FLITE training step costs less than a full fine-tuning step.", "",
-          markdown(rows, list(rows[0])), ""]
-    write("flite_generator", {"meta": meta(cmd), "tasks": data, "rows": rows}, "\n".join(md) + "\n")
-    print("\n".join(md))
+          markdown(res["rows"], list(res["rows"][0])), ""]
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":

@@ -698,13 +698,25 @@ def calibrate(a) -> None:
         old = json.loads(p.read_text())
         res = [r for r in old["runs"] if r["label"].split(" ")[0] not in kinds] + res
         command, wall = old["meta"]["command"] + "; then " + command, old["wall_s"] + wall
-    acc: dict[str, dict] = {}                   # kind -> {lr: validation accuracy} of the runs that finished
-    for r in res:
-        if r["validation_accuracy"] is not None:
-            acc.setdefault(r["label"].split(" ")[0], {})[hashable(r["lr"])] = r["validation_accuracy"]
+    acc = scores(res)
     chosen = {k: max(a, key=lambda lr: (a[lr], -list(a).index(lr))) for k, a in acc.items()}   # ties: the first run
     data = {"meta": meta(command), "runs": res, "sweep": SWEEP, "chosen": chosen,
             "setting": {k: v for k, v in g[0][1].items() if k not in ("lr", "out", "method", "method_options", "partition")}, "wall_s": wall}
+    print(write(name, data, render_calibrate(data)))
+
+
+def scores(runs: list[dict]) -> dict[str, dict]:
+    """kind -> {lr: validation accuracy} of the calibration runs that finished."""
+    acc: dict[str, dict] = {}
+    for r in runs:
+        if r["validation_accuracy"] is not None:
+            acc.setdefault(r["label"].split(" ")[0], {})[hashable(r["lr"])] = r["validation_accuracy"]
+    return acc
+
+
+def render_calibrate(data: dict) -> str:
+    res, acc = data["runs"], scores(data["runs"])
+    chosen = {k: hashable(v) for k, v in data["chosen"].items()}
     md = ["# FLITE vision: lrs on validation images\n", f"Command: `{data['meta']['command']}` ({data['wall_s'] / 60:.0f} min). "
           f"One seed, IID (a kind `<row>@<partition>`: that partition's clients), {data['setting']['rounds']} rounds, scored on {data['setting']['task_options']['test_size']} validation images "
           "(training images the runs never train on), never the test set. Rule: the highest validation accuracy.\n",
@@ -713,8 +725,8 @@ def calibrate(a) -> None:
         score = (format(r["validation_accuracy"], ".4f") if not r["error"]
                  else "not run yet" if r["error"].startswith("not run") else "failed")
         md.append(f"| {r['label']} | {score} | {format(r['weight_moves']['median'], '.2f') if r.get('weight_moves') else '-'} |")
-    edge = {k: v for k, v in data["chosen"].items() if at_edge(k, v, list(acc[k]))}
-    md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v, k)}" for k, v in data["chosen"].items())]
+    edge = {k: v for k, v in chosen.items() if at_edge(k, v, list(acc[k]))}
+    md += ["", "Chosen: " + ", ".join(f"{k} {lr_name(v, k)}" for k, v in chosen.items())]
     n = data["setting"]["task_options"]["test_size"]
 
     def beside(k, v):           # the chosen lr's neighbour in the sweep (a pair's: the runner-up), the gap in images
@@ -724,7 +736,7 @@ def calibrate(a) -> None:
         nb = max((x for x in a if x != v), key=a.get) if k in PAIRED else lrs[1] if v == lrs[0] else lrs[-2]
         return f" ({a[v]:.4f} vs {a[nb]:.4f} at {lr_name(nb, k)}: {round((a[v] - a[nb]) * n)} of {n} images)"
     md += [f"At the sweep's edge (the best lr may lie beyond it): {', '.join(f'{k} {lr_name(v, k)}{beside(k, v)}' for k, v in edge.items())}."] if edge else []
-    print(write(name, data, "\n".join(md) + "\n"))
+    return "\n".join(md) + "\n"
 
 
 def main(argv=None):
@@ -741,7 +753,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     common.configure(a)
     if a.calibrate:
-        return calibrate(a)
+        return common.rerender(a, "flite_vision_calibrate" + ("_quick" if a.quick else ""), render_calibrate) or calibrate(a)
+    name = a.name or "flite_vision" + ("_quick" if a.quick else "")
+    if common.rerender(a, name, render, lambda res: plot(res, name)):
+        return
     from lightfed.tasks import fmnist
     seeds = [int(s) for s in a.seeds.split(",")]
     lrs = chosen_lrs(a.quick)
@@ -781,7 +796,7 @@ def main(argv=None):
                       "rows": [r[:6] for r in ROWS]},
            "base": base, "base_orthogonal": base_o,
            "backbone_fp32_bytes": bb, "rows": rows, "claims": claims(rows, bb), "wall_s": time.time() - t0}
-    name = res["name"] = a.name or "flite_vision" + ("_quick" if a.quick else "")
+    res["name"] = name
     print(write(name, res, render(res)))
     plot(res, name)
 

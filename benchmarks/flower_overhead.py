@@ -85,7 +85,7 @@ def main(argv=None):
     name = "flower_overhead" + ("_quick" if a.quick else "")
     if a.report_only:
         data = json.loads((HERE / "results" / f"{name}.json").read_text())
-        print(write(name, data, report(data)))
+        print(write(name, data, render(data)))
         return
     base = ROOT / "runs" / f"bench-{name}"
     torch.set_num_threads(1)            # as each Flower client: equal thread counts, equal floats
@@ -134,7 +134,7 @@ def main(argv=None):
                          note=a.note),
             "config": config(a.quick, ""), "runs": results,
             "identical_to_local": {k: not v for k, v in same.items()}, "differences": same}
-    md = report(data)
+    md = render(data)
     path = write(name, data, md)
     print(md)
     print(f"[bench] wrote {path}", file=sys.stderr)
@@ -150,7 +150,7 @@ def _toml(d: dict) -> str:
     return "".join(lines) + "\n".join(tables)
 
 
-def report(d: dict) -> str:
+def render(d: dict) -> str:
     m, cfg = d["meta"], d["config"]
     f = lambda x, p=2: "–" if x is None else f"{x:,.{p}f}"  # noqa: E731
     lines = [f"# Flower overhead: in-process vs Flower simulation vs Flower deployment ({cfg['method']} on {cfg['task']})",

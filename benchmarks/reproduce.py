@@ -162,6 +162,21 @@ def main(argv=None):
         common.STORE, RUNS = store, runs
 
 
+def render(res: dict, quick: bool = False) -> str:
+    rows = res["rows"]
+    L = ["# Do the committed results come out of this code?\n", f"Command: `{res['meta']['command']}`; code "
+         f"{res['meta']['code']}, commit {res['meta']['commit']}; {res['wall_s'] / 60:.0f} min. One cell of each claims "
+         "script (and the main job), run afresh (one torch thread) and compared with the committed number: the final "
+         "metric within the tolerance, the bytes exactly.\n",
+         "| cell | committed (final, up B) | now | tolerance | the same |", "|---|---|---|---|---|"]
+    L += [f"| {r['cell'].replace(' | ', ' / ').replace('|', '/')} | {tuple(r['want'])} | "
+          f"{tuple(r['got']) if not r.get('error') else r['error'][:80]} | {r['tolerance']} | {'yes' if r['same'] else '**no**'} |"
+          for r in rows]
+    differ = sorted({r["cell"].split(":")[0] for r in rows if not r["same"]})
+    L += [""] + [f"- {n}: {EXPLAINED.get(n, 'not explained yet.')}" for n in differ] if differ and not quick else []
+    return "\n".join(L) if quick else "\n".join(L) + "\n"
+
+
 def _main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", default=",".join(list(CELLS) + ["fednl_bytes"]))
@@ -170,6 +185,8 @@ def _main(argv=None):
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
+    if not a.quick and common.rerender(a, "reproduce", render):
+        return 0
     global RUNS
     if a.quick:                                   # afresh every time: nothing reused from an earlier check
         RUNS = Path(tempfile.mkdtemp(prefix="lightfed-reproduce-"))
@@ -205,20 +222,10 @@ def _main(argv=None):
         rows += [{**r, "tolerance": 0} for r in fednl_bytes()]
     cmd = "python benchmarks/reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
     res = {"meta": meta(cmd.strip(), commit=common.commit()), "rows": rows, "wall_s": time.time() - t0}
-    L = ["# Do the committed results come out of this code?\n", f"Command: `{res['meta']['command']}`; code "
-         f"{res['meta']['code']}, commit {res['meta']['commit']}; {res['wall_s'] / 60:.0f} min. One cell of each claims "
-         "script (and the main job), run afresh (one torch thread) and compared with the committed number: the final "
-         "metric within the tolerance, the bytes exactly.\n",
-         "| cell | committed (final, up B) | now | tolerance | the same |", "|---|---|---|---|---|"]
-    L += [f"| {r['cell'].replace(' | ', ' / ').replace('|', '/')} | {r['want']} | "
-          f"{r['got'] if not r.get('error') else r['error'][:80]} | {r['tolerance']} | {'yes' if r['same'] else '**no**'} |"
-          for r in rows]
-    differ = sorted({r["cell"].split(":")[0] for r in rows if not r["same"]})
-    L += [""] + [f"- {n}: {EXPLAINED.get(n, 'not explained yet.')}" for n in differ] if differ and not a.quick else []
     if a.quick and a.record:
         (RESULTS / "reproduce_quick.json").write_text(json.dumps(
             {"meta": res["meta"], "want": {r["cell"]: r["got"] for r in rows}}, indent=1))
-    print("\n".join(L) if a.quick else write("reproduce", res, "\n".join(L) + "\n"))
+    print(render(res, quick=True) if a.quick else write("reproduce", res, render(res)))
     return 0 if (a.quick and a.record) or all(r["same"] for r in rows) else 1
 
 

@@ -105,7 +105,7 @@ def part_secagg() -> dict:
     return {"clients": 10, "rows": rows}
 
 
-def markdown(res: dict) -> str:
+def render(res: dict) -> str:
     L = [f"# Robustness (issue #12)\n\nCommand: `{res['meta']['command']}` ({res['meta']['date']}, torch {res['meta']['torch']})\n"]
     if "fuzz" in res:
         f = res["fuzz"]
@@ -162,7 +162,6 @@ def main():
     ap.add_argument("--parts", default="fuzz,secagg")
     ap.add_argument("--per-kind", type=int, default=10_000)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--render", action="store_true")
     ap.add_argument("--finished", action="store_true", help="dp / dropout / hostile: report the runs that finished "
                     "(each row says over how many seeds), run nothing")
     ap.add_argument("--kinds", default="", help="fuzz: only these message kinds (e.g. fedala/down), as part 'fuzz_recheck'")
@@ -182,9 +181,9 @@ def main():
                        "secagg": part_secagg}[p]())
             res[p]["seconds"] = time.time() - t
             res[p]["command"] = res["meta"]["command"]
-            write("robustness", res, markdown(res))
+            write("robustness", res, render(res))
             plots(res)
-    write("robustness", res, markdown(res))
+    write("robustness", res, render(res))
     plots(res)
     print(RESULTS / "robustness.md")
 

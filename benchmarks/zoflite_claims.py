@@ -439,6 +439,22 @@ def plot(res: dict, path: Path) -> None:
     common.save(fig, path)
 
 
+def render_calibrate(res: dict) -> str:
+    setting = res.get("setting") or ("prompt" if "--setting prompt" in res["meta"]["command"] else "probed")
+    L = [f"# ZO learning rates in z-space and on the weights ({res['meta']['date']})\n", f"Command: `{res['meta']['command']}`  ",
+         "Centralised (1 client, 3 rounds x 25 steps of the benchmark's batch), from "
+         + ("the probed head" if SETTINGS[setting]["probe"] else "the pretrained LM (zero-shot)") + "; every lr sees the "
+         "same batches, which differ between rounds (so the loss falls from round to round at any lr: compare a "
+         "round's loss across lrs, not across rounds). Rule: the lowest last-round loss among the lrs that keep the "
+         "accuracy within 1 pp of the start.\n",
+         "| run | train loss per round | accuracy |", "|---|---|---|"]
+    for r in res["rows"]:
+        L.append(f"| {r['label']} | {r['error'][:100]} | |" if "error" in r else
+                 f"| {r['label'].replace(' | ', ', ')} | {' -> '.join(f'{x:.4f}' for x in r['losses'])} | "
+                 f"{r['initial']:.4f} -> {r['final']:.4f} |")
+    return "\n".join(L) + "\n"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")
@@ -446,11 +462,12 @@ def main(argv=None) -> None:
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--setting", choices=sorted(SETTINGS), default="probed")
     ap.add_argument("--methods", default="", help="comma-separated method names to run (default: the setting's all)")
-    ap.add_argument("--render", action="store_true", help="rebuild the claims, table and plot from the setting's JSON")
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
     S = SETTINGS[a.setting]
+    if a.calibrate and common.rerender(a, S["name"] + "_calibrate" + ("_quick" if a.quick else ""), render_calibrate):
+        return
     if a.render:
         name = S["name"] + ("_quick" if a.quick else "")
         res = json.loads((RESULTS / f"{name}.json").read_text())
@@ -468,24 +485,11 @@ def main(argv=None) -> None:
     ps, ss = common.chained(probes, grid, a.workers, a.from_runs)
     cmd = "python benchmarks/zoflite_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.calibrate:
-        L = [f"# ZO learning rates in z-space and on the weights ({time.strftime('%Y-%m-%d %H:%M')})\n", f"Command: `{cmd}`  ",
-             "Centralised (1 client, 3 rounds x 25 steps of the benchmark's batch), from "
-             + ("the probed head" if S["probe"] else "the pretrained LM (zero-shot)") + "; every lr sees the "
-             "same batches, which differ between rounds (so the loss falls from round to round at any lr: compare a "
-             "round's loss across lrs, not across rounds). Rule: the lowest last-round loss among the lrs that keep the "
-             "accuracy within 1 pp of the start.\n",
-             "| run | train loss per round | accuracy |", "|---|---|---|"]
-        rows = []
-        for (label, c), s in zip(grid, ss):
-            if "error" in s:
-                L.append(f"| {label} | {s['error'][:100]} | |")
-                continue
-            recs = records(s["out"])[1:]
-            losses = [c_["train_loss"] for r in recs for c_ in r["clients"]]
-            rows.append({"label": label, "losses": losses, "initial": s["initial"], "final": s["final"]})
-            L.append(f"| {label.replace(' | ', ', ')} | {' -> '.join(f'{x:.4f}' for x in losses)} | {s['initial']:.4f} -> {s['final']:.4f} |")
-        write(name, {"meta": meta(cmd), "rows": rows}, "\n".join(L) + "\n")
-        print("\n".join(L))
+        rows = [{"label": label, "error": s["error"]} if "error" in s else
+                {"label": label, "losses": [c_["train_loss"] for r in records(s["out"])[1:] for c_ in r["clients"]],
+                 "initial": s["initial"], "final": s["final"]} for (label, c), s in zip(grid, ss)]
+        res = {"meta": meta(cmd), "setting": a.setting, "rows": rows}
+        print(write(name, res, render_calibrate(res)))
         return
     res = {"meta": meta(cmd), "name": name,
            "config": {"setting": a.setting, "base": _base(S, a.quick, 0), "seeds": seeds, "lr": S["lr"], "calibration": S["calibration"], "workers": a.workers,

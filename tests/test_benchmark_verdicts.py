@@ -411,7 +411,7 @@ def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_a
             for label, m, _ in F.METHODS}
     res = {"meta": {"date": "-"}, "trivia": {"size": "cpu", "task_options": size["trivia"], "run": size["trivia_run"],
                                              "methods": rows}}
-    md = F.markdown(res)
+    md = F.render(res)
     table = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ") and "0.100, 0.110" in line}
     assert table["| FedNL"].endswith("| 0.100, 0.110, 0.120 | - |")             # recorded, yet not shown as its own
     assert table["| FedALA (p = every layer)"].endswith("| 0.030, 0.030, 0.030 |")
@@ -421,11 +421,11 @@ def test_trivia_report_gives_own_models_only_to_personalised_methods_and_flags_a
     assert "| FedNL | 0.300 ± 0.000 (n=3) |" in md and "(the backbone, scored once)" not in md
     rows["FedNL"]["initial"] = F.ms([None, None, None])
     res["trivia"]["backbone"] = {"accuracy": 0.33, "per_domain": {"sports": 0.33}}
-    assert "| FedNL | 0.330 (the backbone, scored once) |" in F.markdown(res)
+    assert "| FedNL | 0.330 (the backbone, scored once) |" in F.render(res)
     res["trivia"]["task_options"] = {**size["trivia"], "test_per_domain": 100}
-    assert "**Outgrown:**" in F.markdown(res)
+    assert "**Outgrown:**" in F.render(res)
     del rows["FedNL"]["provenance"]                       # kept without a record of its code: its name is marked
-    assert "| FedNL† | 0.330 (the backbone, scored once) |" in F.markdown(res)
+    assert "| FedNL† | 0.330 (the backbone, scored once) |" in F.render(res)
 
 
 def test_a_passkey_grid_without_a_fednl_row_renders_and_plots(tmp_path):
@@ -479,7 +479,7 @@ def test_trivia_grid_reports_every_seed_with_each_baselines_own_mechanism(monkey
     assert r["methods"]["FedAvg+LoRA"]["finals"] == [0.4, 0.5, 0.6] and r["methods"]["FedNL"]["finals"] == [0.4, 0.6]
     assert r["methods"]["FedNL"]["errors"] == ["not run"]
     assert r["methods"]["local-only"]["personal"][2] == 3 and r["backbone"]["accuracy"] == 0.33
-    md = F.markdown({"meta": {"date": "-"}, "trivia": {**r, "size": "cpu"}})    # internals kept; equal finals counted
+    md = F.render({"meta": {"date": "-"}, "trivia": {**r, "size": "cpu"}})    # internals kept; equal finals counted
     assert "| FedALA (p = every layer) | ala_one_minus_w 0.01 | 0.1000 ± 0.0000 (n=3) | 3 of 3 seeds |" in md
     assert "| FedProx (LoRA, mu 1) | penalty_share 0.2 |" in md and "| FedNL | -" not in md.split("own mechanisms")[1]
 
@@ -513,7 +513,7 @@ def test_ce_grid_reports_each_fednl_row_with_its_lr_and_schedule(monkeypatch, tm
     assert ce["curves"]["austen FedNL, its own lr s2, memory reset per chunk"] == curve["reset"]
     assert {r["label"]: (r["lr"], r["lr_decay"]) for r in ce["runs"]} == {
         f"austen FedNL, its own lr s{i}": (0.01, "cosine") for i in range(3)}
-    md = F.markdown({"meta": {"date": "-"}, "ce": {**ce, "size": "cpu"}})
+    md = F.render({"meta": {"date": "-"}, "ce": {**ce, "size": "cpu"}})
     own = md.split("**FedNL, its own lr** (lr 0.01 cosine):")[1]
     assert "help along the stream (its trend below the same model's with the memory emptied at every chunk)? **met**" in own
 
@@ -1005,7 +1005,7 @@ def test_fednl_results_mark_every_figure_kept_without_a_record_of_its_code(tmp_p
 
     import fednl_claims as F
     res = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "fednl_claims.json").read_text())
-    md = F.markdown(res)
+    md = F.render(res)
     retrieval = md.split("## Retrieval")[1].split("\n\n")[2].splitlines()[2:]
     assert retrieval and all(c.strip().endswith("†") for row in retrieval for c in row.split("|")[2:7])
     assert "| frozen backbone† |" in md and "| FedAvg+LoRA† |" in md
@@ -1013,6 +1013,6 @@ def test_fednl_results_mark_every_figure_kept_without_a_record_of_its_code(tmp_p
     ce["backbone_provenance"] = {"at_hand": True}
     for r in ce["runs"]:
         r["provenance"] = {"at_hand": r["label"].startswith("austen FedAvg+LoRA")}
-    md = F.markdown({"meta": res["meta"], "ce": ce})
+    md = F.render({"meta": res["meta"], "ce": ce})
     assert "| frozen backbone |" in md and "| austen FedAvg+LoRA s0 |" in md and "| austen FedNL s0† |" in md
     assert "| FedAvg+LoRA |" in md and "| FedNL, memory reset per chunk† |" in md
