@@ -21,6 +21,7 @@ Each row's lr is the best validation score of its sweep; one at a sweep's edge i
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ TEST = {"austen": "{test_blocks} held-out blocks, the last 10% of each novel", "
 # with a float32 scale per 32 latents (int4g: no latent rounds to 0): 22^2 x 211 Linear = 102,124 latents, ~64 KB.
 # (A central twin at its federated row's lr does not isolate the averaging: FedAvg's vision lr, chosen for averaged
 # steps, broke 1,000 sequential ones, flite_vision.py's fedavg_central; such a row needs its own sweep.)
+ALLOC = {"vx": "v_proj:40,o_proj:24,up_proj:24,down_proj:24,*:0", "v": "v_proj:59,*:0"}     # rank_pattern, by layer name
 ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         ("flite", "FLITE r = 20, int4 (lightfed's default map; 84,400 latents)", "flite", {}),
         ("flite_r22g", "FLITE r = 22, int4g (102,124 latents)", "flite", {"r": 22, "codec": "int4g"}),
@@ -63,16 +65,23 @@ ROWS = [("fedavg", "FedAvg fp32", "fedavg", {}),
         # what rank alone buys the map with no federation and no codec (austen's central FLITE stayed 4.6% above central
         # FedAvg at r = 20): past the 8,000x budget (r = 22 int4g), so the byte target's ceiling, not a candidate
         ("flite_central_r32", "FLITE r = 32, fp32 latents, centralised (216,064 latents)", "flite", {"r": 32, "codec": "fp32"}),
-        ("flite_central_r64", "FLITE r = 64, fp32 latents, centralised (864,256 latents)", "flite", {"r": 64, "codec": "fp32"})]
+        ("flite_central_r64", "FLITE r = 64, fp32 latents, centralised (864,256 latents)", "flite", {"r": 64, "codec": "fp32"}),
+        # the budget placed where r = 64's move counted (flite_lm_where.md, on validation text: v_proj alone gave 0.69 of
+        # its gain, o/up/down 0.24-0.30 each, q/k/gate/lm_head <= 0.15), each pattern under int4g's 8,000x (~107,000)
+        ("flite_central_vx", "FLITE v_proj r = 40, o/up/down_proj r = 24, nothing elsewhere (99,840 latents), fp32, "
+         "centralised", "flite", {"codec": "fp32", "rank_pattern": ALLOC["vx"]}),
+        ("flite_central_v", "FLITE v_proj r = 59, nothing elsewhere (104,430 latents), fp32, centralised", "flite",
+         {"codec": "fp32", "rank_pattern": ALLOC["v"]})]
 # a round of the central twin: the steps of a federated round (psentiment: 2 clients x 5; austen: 3 clients x one
 # epoch of 20 blocks at batch 4 = 3 x 5), so 8 x 10 and 5 x 15 steps in all
 CENTRAL = {"psentiment": {"clients": 1, "fraction": 1.0, "local_steps": 10},
            "austen": {"clients": 1, "fraction": 1.0, "local_steps": 15}}
-ROW_RUN = {"fedavg_central", "flite_central", "flite_central_r32", "flite_central_r64"}
+ROW_RUN = {"fedavg_central", "flite_central", "flite_central_r32", "flite_central_r64", "flite_central_vx", "flite_central_v"}
 SWEEP = {"austen": {"fedavg": [2e-5, 5e-5, 1e-4, 2e-4], "flite": [3e-3, 1e-2, 3e-2, 1e-1], "flite_r22g": [3e-3, 1e-2, 3e-2, 1e-1],
                     "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1], "fedavg_central": [1e-5, 2e-5, 5e-5, 1e-4],
                     "flite_central": [3e-3, 1e-2, 3e-2], "flite_central_r32": [3e-3, 1e-2, 3e-2],
-                    "flite_central_r64": [1e-3, 3e-3, 1e-2, 3e-2], "flite_r64g_delta": [3e-3, 1e-2, 3e-2]},
+                    "flite_central_r64": [1e-3, 3e-3, 1e-2, 3e-2], "flite_r64g_delta": [3e-3, 1e-2, 3e-2],
+                    "flite_central_vx": [3e-3, 1e-2], "flite_central_v": [3e-3, 1e-2]},
          "psentiment": {"fedavg": [1e-5, 3e-5, 1e-4, 3e-4], "flite": [1e-2, 3e-2, 1e-1], "flite_delta": [3e-3, 1e-2, 3e-2, 1e-1],
                         "fedavg_central": [3e-6, 1e-5, 3e-5, 1e-4], "flite_central": [3e-3, 1e-2, 3e-2],
                         "flite_r22g_delta": [3e-3, 1e-2, 3e-2], "flite_central_r64": [1e-3, 3e-3, 1e-2]}}   # centred on austen's choices;
@@ -206,6 +215,89 @@ def render(res: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+# --where: where FLITE's r = 64 central move counts (issue 47: what a per-layer allocation of the latents would keep)
+GROUPS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+BANDS = ((0, 10), (10, 20), (20, 30))     # SmolLM2-135M's 30 decoder layers, in thirds
+
+
+def where(out: str) -> dict:
+    """A finished central FLITE run's final z, kept on one group of layers at a time (the others' latents set to 0) and
+    taken off it, scored on the validation text (never the test blocks): which layers carry the gain over z = 0."""
+    import re
+    import torch
+    from lightfed import config as C
+    from lightfed.engine import local
+    from lightfed.models import latent
+    S, _ = local.final_model(out)
+    z = S.model.z.detach().clone()                      # (K,) the run's final latents
+    cfg = C.from_dict({**json.loads((Path(out) / "config.json").read_text()), "out": ""})
+    cfg.task_options = {**cfg.task_options, "data": validation_corpus()}
+    V = local.build(cfg).task                           # the validation text's held-out blocks
+    layers = latent.latent_layers(S.model)
+
+    def ppl(mask: torch.Tensor) -> float:
+        with torch.no_grad():
+            S.model.z.copy_(z * mask)
+        return local.evaluate(V, S.model)[METRIC["austen"]]
+
+    def mask_of(pick) -> torch.Tensor:
+        m = torch.zeros_like(z)
+        for name, L in layers:
+            if pick(name):
+                m[L.lo:L.hi] = 1
+        return m
+
+    depth = lambda n: int(re.search(r"layers\.(\d+)\.", n).group(1)) if "layers." in n else None   # noqa: E731
+    picks = {g: (lambda n, g=g: n.endswith(g)) for g in GROUPS}
+    picks |= {f"layers {a}-{b - 1}": (lambda n, a=a, b=b: depth(n) is not None and a <= depth(n) < b) for a, b in BANDS}
+    out_ = {"all": ppl(torch.ones_like(z)), "none": ppl(torch.zeros_like(z)), "groups": {}}
+    for g, pick in picks.items():
+        m = mask_of(pick)
+        out_["groups"][g] = {"latents": int(m.sum()), "z_share": float((z * m).pow(2).sum() / z.pow(2).sum()),
+                             "only": ppl(m), "without": ppl(1 - m) if g in GROUPS else None}
+    return out_
+
+
+def render_where(res: dict) -> str:
+    seeds = res["seeds"]
+    w = res["runs"]
+    L = ["# Where FLITE's move counts on Austen (r = 64, central)\n",
+         f"Command: `{res['meta']['command']}`  \nDate {res['meta']['date']}, code {res['meta']['code']}. The central r = 64 "
+         "runs of flite_lm.md (fp32 latents, one client, the grid's 75 steps; seeds " + ", ".join(map(str, seeds)) + "): each "
+         "run's final z kept on one group of layers (every other latent set to 0), or taken off it, and scored on the "
+         "validation text's held-out blocks (the first 88% of each novel: never the test blocks). A group's gain: how much "
+         "of the run's fall in perplexity from z = 0 it gives alone.\n",
+         "| z kept on | latents | share of ‖z‖² | perplexity, only this group | share of the gain alone | perplexity without it |",
+         "|---|---|---|---|---|---|"]
+    L.append("| every layer (the run) | " + f"{w[0]['latents']:,} | 1.00 | " + common.pm([x["all"] for x in w], 2) + " | 1.00 | - |")
+    L.append("| none (z = 0: the base) | 0 | 0 | " + common.pm([x["none"] for x in w], 2) + " | 0 | - |")
+    for g in w[0]["groups"]:
+        gs = [x["groups"][g] for x in w]
+        gain = [(x["none"] - x["groups"][g]["only"]) / (x["none"] - x["all"]) for x in w]
+        L.append(f"| {g} | {gs[0]['latents']:,} | {common.pm([x['z_share'] for x in gs], 2)} | "
+                 f"{common.pm([x['only'] for x in gs], 2)} | {common.pm(gain, 2)} | "
+                 f"{common.pm([x['without'] for x in gs], 2) if gs[0]['without'] is not None else '-'} |")
+    L += ["", "Mean ± sd over the seeds. Shares of the gain need not add to 1: the groups' moves act together."]
+    return "\n".join(L) + "\n"
+
+
+def main_where(a, argv) -> None:
+    seeds = [int(s) for s in a.seeds.split(",")]
+    lrs = json.loads((common.RESULTS / "flite_lm.json").read_text())["lrs"]      # the lrs its sweeps chose
+    runs = []
+    for label, c in common.placed(configs(False, lrs, seeds)):     # the grid's r = 64 central runs
+        if not label.startswith("flite_central_r64 "):
+            continue
+        if not (Path(c["out"]) / "ckpt" / "latest.json").exists():
+            raise SystemExit(f"--where: {label} is not in the store here ({c['out']}): run it first "
+                             "(python benchmarks/flite_lm.py --rows flite_central_r64 --allow-missing)")
+        r = common.derived(c, "where", lambda c: where(c["out"]), where, key={"validation": CUT})
+        runs.append({**r, "latents": sum(x["latents"] for k, x in r["groups"].items() if k in GROUPS)})
+    res = {"meta": meta("python benchmarks/flite_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)),
+           "seeds": seeds, "runs": runs}
+    print(write("flite_lm_where", res, render_where(res)))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")
@@ -213,9 +305,13 @@ def main(argv=None) -> None:
     ap.add_argument("--task", default="austen", choices=list(BASE))
     ap.add_argument("--rows", default="", help="comma-separated row keys that may run (default: all); the others are "
                     "reported as the store holds them, whatever code made them (marked)")
+    ap.add_argument("--where", action="store_true", help="which layers carry the central r = 64 runs' gain "
+                    "(results/flite_lm_where.*; from the store's runs, scored on validation text)")
     common.add_args(ap)
     a = ap.parse_args(argv)
     common.configure(a)
+    if a.where:
+        return common.rerender(a, "flite_lm_where", render_where) or main_where(a, argv)
     seeds, task = [int(s) for s in a.seeds.split(",")], a.task
     cal = common.placed(configs(a.quick, None, seeds, task))
     keys = set(a.rows.split(",")) if a.rows else None

@@ -189,6 +189,40 @@ def test_bad_map_options_fail_before_any_work(opts, words):
         methods.options("flite", opts)
 
 
+def test_a_rank_pattern_gives_layers_their_own_rank_and_leaves_the_others_factors_as_they_were():
+    base, whole = toy(r=3)
+    _, m = toy(r=3, ranks="lin:5,emb:0")                    # lin at r = 5, emb without latents, conv at the map's r
+    ls = dict(latent.latent_layers(m))
+    assert sorted(ls) == ["conv", "lin"] and ls["lin"].r == 5 and ls["conv"].r == 3
+    assert m.z.numel() == 5 * 5 + 3 * 3 and isinstance(m.emb, nn.Embedding)
+    assert torch.equal(m(*inputs()), base(*inputs()))      # z = 0 is still the pretrained model
+    conv = dict(latent.latent_layers(whole))["conv"]
+    assert torch.equal(ls["conv"].A, conv.A) and torch.equal(ls["conv"].Bt, conv.Bt)   # its seed: its index by kind
+    _, only = toy(r=3, ranks="conv:3,*:0")
+    assert [n for n, _ in latent.latent_layers(only)] == ["conv"] and only.z.numel() == 9
+    set_z(m, 0)
+    m.z.grad = None
+    m(*inputs()).sum().backward()
+    assert m.z.grad is not None and base.lin.weight.grad is None
+
+
+@pytest.mark.parametrize("ranks, words", [("lin", "not <layer name suffix>:<rank>"), ("lin:-1", "not <layer"),
+                                          ("lin:2,lin:3", "given twice")])
+def test_a_malformed_rank_pattern_fails_before_any_work(ranks, words):
+    from lightfed import config as C
+    with pytest.raises(C.ConfigError, match=words):
+        methods.options("flite", {"rank_pattern": ranks})
+
+
+@pytest.mark.parametrize("ranks, words", [("v_proj:4", r"\['v_proj'\] match no"), ("*:0", "leaves no layer")])
+def test_a_rank_pattern_that_names_no_layer_is_refused_when_the_map_is_built(ranks, words):
+    from lightfed import config as C
+    T = tiny_task("fmnist")
+    m = methods.build(tiny_config("fmnist", "flite", method_options={"rank_pattern": ranks}))
+    with pytest.raises(C.ConfigError, match=words):
+        m.prepare(copy.deepcopy(T.model))
+
+
 @pytest.mark.parametrize("opts", [{"basis": "svd"}, {"scale": "weight"}])
 def test_averaging_latents_is_averaging_weights_with_derived_maps(opts):
     _, m = toy(**opts)

@@ -12,7 +12,8 @@ ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-# a results name's script: the longest prefix here that the name starts with (calibration files: render_calibrate)
+# a results name's script: the longest prefix here that the name starts with; its render_<part> for a name
+# <prefix>_<part>[_...] where the script has one (flite_lm_where: render_where), else its render
 OWNERS = {"fednl_ask": "fednl_ask", "fednl_claims": "fednl_claims", "fednl_recipe": "fednl_claims", "fednl_toy": "fednl_toy",
           "fedspzo_claims": "fedspzo_claims", "flite_ablation": "flite_ablation", "flite_claims": "flite_claims",
           "flite_generator": "flite_generator", "flite_lm": "flite_lm", "flite_vision": "flite_vision",
@@ -29,7 +30,8 @@ def owner(name: str):
     key = max((k for k in OWNERS if name.startswith(k)), key=len, default=None)
     assert key, f"results/{name}: no script owns it (add it to OWNERS, or mark the file a record)"
     module = importlib.import_module(OWNERS[key])
-    return getattr(module, "render_calibrate" if "_calibrate" in name else "render")
+    part = name[len(key):].strip("_").split("_")[0]
+    return getattr(module, f"render_{part}", None) or module.render
 
 
 def is_record(md: str) -> bool:

@@ -72,6 +72,8 @@ class LatentOptions:
                                     # fraction of its own weight's rms)
     head: str = "orthogonal"        # orthogonal | random | trainable | keep (the model's own head, frozen: e.g. a
                                     # probe's, with init = <probe run>)
+    rank_pattern: str = ""          # layers' own ranks by name suffix, "v_proj:66,*:0" (rank 0: no latents; "*": the
+                                    # layers no key names; default r): latents placed where they count
 
     def check_latent(self):
         if self.r < 1 or self.k < 0:
@@ -84,6 +86,10 @@ class LatentOptions:
                               ("basis", self.basis, latent.BASES), ("scale", self.scale, latent.SCALES)):
             if val not in ok:
                 raise ConfigError(f"{name} = {val!r}: use one of {', '.join(ok)}")
+        try:
+            latent.parse_ranks(self.rank_pattern)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if not -1 <= self.seed < 2**64:
             raise ConfigError(f"seed = {self.seed}: a 64-bit seed in [0, 2**64), or -1 (from the run seed)")
         if self.basis == "svd" and (self.form != "matrix" or self.mode != "cache"):
@@ -121,7 +127,7 @@ def install(model: nn.Module, o, run_seed: int) -> tuple[int, dict]:
     pre = sum(p.numel() * p.element_size() for p in model.parameters())   # what every party must already hold
     try:
         latent.install(model, r=o.r, layers=o.layers, seed=seed, mode=o.mode, form=o.form, k=o.k,  # freezes all
-                       basis=o.basis, scale=o.scale)
+                       basis=o.basis, scale=o.scale, ranks=o.rank_pattern)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     head = getattr(model, "head", None)

@@ -158,14 +158,35 @@ def parse_kinds(layers: str) -> list[str]:
     return kinds
 
 
+def parse_ranks(pattern: str) -> dict[str, int]:
+    """A rank pattern, "v_proj:66,o_proj:32,*:0" -> {key: rank}: a layer whose name is a key or ends with "." + key
+    takes that rank (the first key that matches), "*" every layer no key matches (default: the map's r); rank 0 puts no
+    latents on a layer (PEFT's rank_pattern, with suffixes for its regular expressions)."""
+    out: dict[str, int] = {}
+    for item in (x.strip() for x in pattern.split(",") if x.strip()):
+        key, sep, rank = item.rpartition(":")
+        if not sep or not key or not rank.strip().isdigit():
+            raise ValueError(f"rank_pattern {pattern!r}: {item!r} is not <layer name suffix>:<rank>, rank an integer >= 0")
+        if key.strip() in out:
+            raise ValueError(f"rank_pattern {pattern!r}: {key.strip()!r} given twice")
+        out[key.strip()] = int(rank)
+    return out
+
+
+def _rank(name: str, ranks: dict[str, int], r: int) -> int:
+    return next((v for k, v in ranks.items() if k != "*" and (name == k or name.endswith("." + k))), ranks.get("*", r))
+
+
 BASES = ("random", "svd")
 SCALES = ("fanin", "weight")
 
 
 def install(model: nn.Module, *, r: int = 6, layers: str = "linear,conv", seed: int = 0, mode: str = "cache",
-            form: str = "matrix", k: int = 0, basis: str = "random", scale: str = "fanin") -> nn.Module:
+            form: str = "matrix", k: int = 0, basis: str = "random", scale: str = "fanin", ranks: str = "") -> nn.Module:
     """Freeze `model`, wrap its selected layers in place, add `model.z` = zeros(K). Returns model.
-    k: latents per layer in the flat form (0 = r); the matrix form always uses r^2."""
+    k: latents per layer in the flat form (0 = the layer's r); the matrix form always uses r^2.
+    ranks: a rank pattern (parse_ranks) giving layers their own r, or none (0); a layer's factors do not depend on
+    which other layers the pattern keeps (its seed is its index among the layers of the selected kinds)."""
     if form not in FORMS or mode not in MODES:
         raise ValueError(f"form {form!r} / mode {mode!r}: use form in {FORMS}, mode in {MODES}")
     if basis not in BASES or scale not in SCALES:
@@ -176,19 +197,28 @@ def install(model: nn.Module, *, r: int = 6, layers: str = "linear,conv", seed: 
         raise ValueError(f"r = {r}, k = {k}, seed = {seed}: need r >= 1, k >= 0, 0 <= seed < 2**64")
     if hasattr(model, "z") or any(isinstance(m, LatentLayer) for m in model.modules()):
         raise ValueError("install: the model already has a latent `z`")
-    k = k or r
+    pattern = parse_ranks(ranks)
     types = tuple(KINDS[s] for s in parse_kinds(layers))
     targets = [(n, m) for n, m in model.named_modules() if type(m) in types and n.rsplit(".", 1)[-1] != "head"]
     if not targets:
         raise ValueError(f"install: no {layers} layer to parameterize (besides `head`)")
+    unmatched = [key for key in pattern if key != "*" and not any(n == key or n.endswith("." + key) for n, _ in targets)]
+    if unmatched:
+        raise ValueError(f"rank_pattern: {unmatched} match no {layers} layer (names end like "
+                         f"{sorted({n.rsplit('.', 1)[-1] for n, _ in targets})[:8]})")
+    if not any(_rank(n, pattern, r) for n, _ in targets):
+        raise ValueError(f"rank_pattern {ranks!r} leaves no layer with latents")
     for name, m in targets:
         if getattr(m, "max_norm", None) is not None:
             raise ValueError(f"install: {name} has max_norm (renormalises its weight in place): not supported")
     model.requires_grad_(False)
     lo = 0
     for i, (name, m) in enumerate(targets):
+        rl = _rank(name, pattern, r)
+        if rl == 0:
+            continue
         kind = next(s for s, t in KINDS.items() if type(m) is t)
-        wrapped = LatentLayer(m, model, kind, lo, layer_seed(seed, i), r, form, k, mode, basis, scale)
+        wrapped = LatentLayer(m, model, kind, lo, layer_seed(seed, i), rl, form, k or rl, mode, basis, scale)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, wrapped)
         lo = wrapped.hi
