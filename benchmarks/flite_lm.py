@@ -271,7 +271,7 @@ def render_where(res: dict) -> str:
          "|---|---|---|---|---|---|"]
     L.append("| every layer (the run) | " + f"{w[0]['latents']:,} | 1.00 | " + common.pm([x["all"] for x in w], 2) + " | 1.00 | - |")
     L.append("| none (z = 0: the base) | 0 | 0 | " + common.pm([x["none"] for x in w], 2) + " | 0 | - |")
-    for g in w[0]["groups"]:
+    for g in [g for g in (*GROUPS, *(f"layers {a}-{b - 1}" for a, b in BANDS)) if g in w[0]["groups"]]:
         gs = [x["groups"][g] for x in w]
         gain = [(x["none"] - x["groups"][g]["only"]) / (x["none"] - x["all"]) for x in w]
         L.append(f"| {g} | {gs[0]['latents']:,} | {common.pm([x['z_share'] for x in gs], 2)} | "

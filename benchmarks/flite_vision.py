@@ -126,34 +126,9 @@ LR_OF = {"flite": "flite", "flite_fp32": "flite", "flite_delta": "flite", "flite
          "fedavg_int4": "fedavg", "topk": "fedavg", "powersgd": "fedavg", "lora": "lora", "probe": None}
 # lr = (z's lr, a second step's): the trained head's head_lr (a latent and weights want steps far apart), the server's
 PAIRED = {"flite_head": "head_lr", "flite_r20g_srv": "server_lr"}
-# Each lr is chosen on validation images at the grid's own horizon (20 rounds): a first sweep at 8 rounds
-# (results/flite_vision_calibrate_8rounds.*) picked FLITE's 0.3, which peaked at round 5 of the grid and drifted down.
-# FLITE's sweep grew upward each time its best so far sat at the top: 0.1 (its 20-round loss at 0.01 and
-# 0.03, 2.2 and 1.9 at round 13, chance 2.3), then 1.0 (0.49 on validation vs 0.45 at 0.3), then 10 (3 on top by one
-# image of 300), then 30 (10 on top by 13 images); FedAvg's once, 1e-4 on top; LoRA's once, 1e-3 on top by 6 images.
-# FLITE's best lrs under the frozen head drive the generated convolutions to 35x (lr 3) and 115x (lr 10) the
-# pretrained weights (||dW|| / ||W_pre||, the grid's "weight moves"): the base is replaced, not tuned. With a trained
-# head, z and the head are swept together (z's lr, head_lr): a head trained at z's lr 3 diverged. A 3 x 2 grid was
-# begun; its head lr 1e-2 diverged (loss 30-40 in rounds 2-3: the base's features have norm ~21), so the sweep became a cross around (1e-3, 1e-3);
-# then z grew past 1e-2 and past 1e-1, each time on top (0.3 is bracketed: 1.0 scores lower). Those sweeps (LoRA's
-# and the trained head's: 4 and 9 runs, git 4fef9d9) ran before the task's fresh head was fixed (4f982c0) and were
-# withdrawn; they are made again as a cross around their best point, both coordinates bracketed: LoRA 3e-4..3e-3
-# (1e-4 scored 32 of 300 images under 3e-4), the head row at z 0.1..1 and head lr 3e-4..3e-3 around (0.3, 1e-3);
-# head lr 3e-4 came out on top (7 images over 1e-3), so 1e-4 was added (0.657: bracketed), and z 0.1 beside it
-# (at head lr 1e-3, z 0.1 had beaten 0.3 by 4 images).
-# flite_obase's sweep first ran 0.3..10 and chose 0.3 at its lower edge (0.757 vs 0.480 at 1): 0.1 and 0.03 were added;
-# those runs were never recorded, so it is made again at 0.1, 0.3, 1 (the bracket around 0.3; 3 and 10 scored under 1);
-# flite_r16g's likewise (0.3..10 chose 0.3, 0.767 vs 0.717 at 1); flite_wscale's first sweep 3e-3..0.1 chose 0.1 at its top
-# edge (0.287 vs 0.280 at 0.03): 0.3 and 1 were added; 1 sat on top again (0.473 vs 0.450 at 0.3, moving the
-# convolutions 7.5x): 3 and 10 were added.
-# A kind "<kind>@<partition>" sweeps on that partition's clients (the IID ones otherwise), and its lr is the one the
-# grid's cells of that partition take: Dirichlet(0.1) costs FLITE r = 16 28 pp and FedAvg 15 at their IID lrs, and
-# FLITE's clients move ~40x farther than FedAvg's a round; an lr chosen on skewed clients says whether the gap is
-# the step's or the map's (issue 47). Both methods are swept there, so neither keeps an lr chosen elsewhere.
-# FLITE r = 16's first Dirichlet sweep (0.03..1) chose 0.03 at its lower edge (0.500 vs 0.443 at 0.1): 0.01, 3e-3 added.
-# On the probed head the Dirichlet sweep 0.01..0.1 had 0.01 on top (0.733 vs 0.690 at 0.03): 3e-3 added.
-# FedAvg centralised (one client, 50 steps a round) chose 1e-5 at the lower edge of 1e-5..1e-4 (0.867 vs 0.860 at 3e-5):
-# 3e-6 added.
+# Each kind's lr: the best on validation images at the grid's horizon; a sweep whose best sat at an edge was extended
+# past it (how each grew, and why: docs/results.md, "How the vision sweeps grew"). "<kind>@<partition>" sweeps on that
+# partition's clients, and the grid's cells of that partition take its lr (IID's otherwise).
 SWEEP = {"flite": [1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0], "flite_obase": [0.1, 0.3, 1.0],
          "flite_r16g": [3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], "flite_r20g": [0.1, 0.3, 1.0], "flite_r32g": [0.1, 0.3, 1.0],
          "flite_r16g_probe": [0.1, 0.3, 1.0], "flite_r16g_probe@dirichlet:0.1": [3e-3, 0.01, 0.03, 0.1],

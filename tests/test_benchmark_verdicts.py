@@ -1016,3 +1016,26 @@ def test_fednl_results_mark_every_figure_kept_without_a_record_of_its_code(tmp_p
     md = F.render({"meta": res["meta"], "ce": ce})
     assert "| frozen backbone |" in md and "| austen FedAvg+LoRA s0 |" in md and "| austen FedNL s0† |" in md
     assert "| FedAvg+LoRA |" in md and "| FedNL, memory reset per chunk† |" in md
+
+
+def test_flite_lm_where_splits_a_run_s_latents_into_groups_that_cover_them(tmp_path, monkeypatch):
+    """--where on a tiny FLITE run: every latent layer lies in exactly one of the layer-type groups (their latents and
+    shares of |z|^2 add up to the whole), a group scored alone moves the validation perplexity off the base's, and a
+    group with no latents leaves the base as it is."""
+    from conftest import tiny_config
+    from lightfed.data import datasets
+    from lightfed.engine import local
+    import flite_lm as L
+    books = datasets.load_austen()
+    monkeypatch.setattr(datasets, "load_austen", lambda: dict(books))
+    monkeypatch.setenv("LIGHTFED_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config("austen", "flite", tmp_path / "run", rounds=1, lr=0.1, method_options={"r": 2, "codec": "fp32"})
+    local.run(cfg)
+    w = L.where(cfg.out)
+    types = {g: w["groups"][g] for g in L.GROUPS}
+    K = sum(x["latents"] for x in types.values())
+    assert K == local.final_model(cfg.out)[0].model.z.numel() and K > 0
+    assert abs(sum(x["z_share"] for x in types.values()) - 1) < 1e-5
+    assert w["all"] != w["none"]
+    empty = [g for g, x in w["groups"].items() if x["latents"] == 0]
+    assert empty and all(w["groups"][g]["only"] == w["none"] for g in empty)      # the tiny twin has < 10 layers
