@@ -227,7 +227,8 @@ def keep(s: dict) -> None:
     p = record_path(s["bench"]["config"])
     old = json.loads(p.read_text()) if p.exists() else {}
     new = {k: v for k, v in s.items() if k not in ("label", "derived", "rounds")}
-    new["rounds"] = records(out) if (Path(out) / "metrics.jsonl").exists() else old.get("rounds")
+    whole = (Path(out) / "summary.json").exists() and _bench(Path(out)) == s["bench"]   # the folder holds this run,
+    new["rounds"] = records(out) if whole else old.get("rounds")     # not a restart of it that has not finished
     if {k: v for k, v in old.items() if k != "derived"} != new:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({**new, "derived": old.get("derived", {}) if old.get("bench") == new["bench"] else {}},

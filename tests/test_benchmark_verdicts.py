@@ -741,6 +741,11 @@ def test_a_store_runs_record_outlives_its_folder_with_what_was_derived_from_its_
         assert len(runs) == 1 and again["final"] == s["final"] and common.provenance(again)["at_hand"]
         assert common.derived(placed, "norm", norm) == v and len(calls) == 1
         assert [r["round"] for r in common.records(placed["out"])] == [0, 1]             # its rounds, from the record
+        Path(placed["out"]).mkdir(parents=True)          # a restart of the run, killed after its round 0: the
+        (Path(placed["out"]) / "metrics.jsonl").write_text(json.dumps({"round": 0}) + "\n")     # record keeps its rounds
+        common.keep(common.finished("row", placed))
+        assert [r["round"] for r in json.loads(common.record_path(placed).read_text())["rounds"]] == [0, 1]
+        shutil.rmtree(placed["out"])
         assert common.derived(placed, "norm", lambda c: norm(c) + 1) is None              # other code, no checkpoint
         (_, other), = common.placed([("row", {**c, "lr": 2e-2})])
         assert common.finished("row", other) is None and common.derived(other, "norm", norm) is None

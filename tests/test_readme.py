@@ -230,16 +230,17 @@ ROWS = {
     "FLITE on a language model within 1% of FedAvg fp32's perplexity at ≥ 8,000x fewer uplink bytes (Austen, "
     "SmolLM2-135M, IID, 3 seeds, lrs on validation text)": dict(
         json="flite_lm.json",
-        measured=lambda d: [lm_mean(d, "flite_r22g"), lm_mean(d, "fedavg"),
-                            f"{100 * (mean(d['rows']['flite_r22g']['finals']) / mean(d['rows']['fedavg']['finals']) - 1):+.1f}",
-                            f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g']['up']:,.0f}",
-                            f"{d['rows']['flite_r22g']['latent']:,}", f"{d['rows']['flite']['latent']:,}",
-                            lm_mean(d, "flite"), f"{d['rows']['fedavg']['up'] / d['rows']['flite']['up']:,.0f}",
-                            lm_mean(d, "flite_delta"), lm_mean(d, "flite_central"), lm_mean(d, "fedavg_central"),
+        measured=lambda d: [lm_mean(d, "flite_vx_delta"), lm_mean(d, "fedavg"),
+                            f"{100 * (mean(d['rows']['flite_vx_delta']['finals']) / mean(d['rows']['fedavg']['finals']) - 1):+.1f}",
+                            f"{d['rows']['fedavg']['up'] / d['rows']['flite_vx_delta']['up']:,.0f}",
+                            f"{d['rows']['flite_vx_delta']['latent']:,}", f"{d['rows']['flite_r22g']['latent']:,}",
+                            lm_mean(d, "flite_r22g"), f"{d['rows']['fedavg']['up'] / d['rows']['flite_r22g']['up']:,.0f}",
+                            f"{d['rows']['flite']['latent']:,}", lm_mean(d, "flite"),
+                            lm_mean(d, "flite_central"), lm_mean(d, "fedavg_central"), lm_mean(d, "flite_central_vx"),
                             f"{d['rows']['flite_central_r64']['latent']:,}", lm_mean(d, "flite_central_r64"),
                             lm_mean(d, "flite_r64g_delta"), f"{d['rows']['fedavg']['up'] / d['rows']['flite_r64g_delta']['up']:,.0f}"],
-        verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE r = 22")),
-        claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE r = 22")) + f" {len(d['rows']['flite_r22g']['seeds'])}"),
+        verdict=lambda d: only(v for k, v in d["claims"] if k.startswith("FLITE v_proj r = 40")),
+        claim=lambda d: only(k for k, _ in d["claims"] if k.startswith("FLITE v_proj r = 40")) + f" {len(d['rows']['flite_vx_delta']['seeds'])}"),
     "FLITE on a language model within 1 pp of FedAvg fp32's accuracy at ≥ 8,000x fewer uplink bytes (psentiment, "
     "SmolLM2-135M, IID, 3 seeds, lrs on validation tweets)": dict(
         json="flite_lm_psentiment.json",
